@@ -1,0 +1,32 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ad/graph.hpp"
+#include "ad/schedule.hpp"
+
+namespace ad {
+
+// Appends to loss's graph the nodes computing d(loss)/d(w) for each w in
+// `wrt`, and returns them (same shapes as wrt). Nothing is computed.
+// - loss must have one element, unless `seed` (the gradient of loss, same
+//   shape and dtype) is given; otherwise ad::Error.
+// - A w that loss does not depend on gets a zero gradient (a constant node).
+// - Throws ad::Error if the gradient has to flow through an op that has no
+//   backward rule (e.g. double backward through tanh_backward).
+std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& seed = {});
+
+// Computes loss and the gradient of loss with respect to every Parameter it
+// depends on, and adds them into Parameter::grad() (gradients accumulate
+// until zero_grad()). The policy decides what is kept, freed and recomputed.
+// - Throws ad::Error if loss is not a one-element tensor and no seed is given,
+//   or if loss depends on no Parameter.
+// - Calling backward again on the same graph reuses the gradient nodes built
+//   the first time and accumulates the gradients once more (as PyTorch does
+//   with retain_graph=true); values freed by the first call are recomputed.
+// After the call loss.value() is available; other values may have been freed
+// and are recomputed on demand.
+Report backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
+
+}  // namespace ad

@@ -1,0 +1,135 @@
+#pragma once
+// The ops of ad. Each builds a node in the graph of its arguments, infers its
+// shape and dtype, and throws ad::Error (naming the op and the shapes) when the
+// arguments do not fit. Nothing is computed until eval()/backward().
+// Float ops take f32 or f64 (all float arguments of one op share a dtype).
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "ad/graph.hpp"
+
+namespace ad {
+
+// ---- elementwise binary, numpy broadcasting: [2,1,4] op [3,1] -> [2,3,4] ----
+Var add(const Operand& a, const Operand& b);
+Var sub(const Operand& a, const Operand& b);
+Var mul(const Operand& a, const Operand& b);
+Var div(const Operand& a, const Operand& b);
+// a^b elementwise; d/db uses log(a), defined for a > 0.
+Var pow(const Operand& a, const Operand& b);
+
+// ---- elementwise with a scalar ----
+Var add_scalar(const Operand& x, double s);   // x + s
+Var mul_scalar(const Operand& x, double s);   // x * s
+Var rsub_scalar(const Operand& x, double s);  // s - x
+Var rdiv_scalar(const Operand& x, double s);  // s / x
+Var pow_scalar(const Operand& x, double p);   // x^p
+
+// ---- elementwise unary ----
+Var neg(const Operand& x);
+Var exp(const Operand& x);
+Var log(const Operand& x);
+Var sqrt(const Operand& x);
+Var abs(const Operand& x);      // d/dx = sign(x), 0 at 0
+Var sign(const Operand& x);     // -1, 0, 1; gradient 0
+Var tanh(const Operand& x);
+Var sigmoid(const Operand& x);
+Var relu(const Operand& x);     // d/dx = 1 for x > 0, else 0
+Var gelu(const Operand& x);     // exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+Var silu(const Operand& x);     // x * sigmoid(x)
+// Converts between f32, f64, f16 and bf16 (f16/bf16 are storage only);
+// the gradient is cast back to the input's dtype.
+Var cast(const Operand& x, DType dtype);
+
+// ---- matrix products ----
+// [..., M, K] x [..., K, N] -> [..., M, N] (trans_a / trans_b transpose the
+// last two dims of a / b first). Batch dims must be equal, or one side has
+// none (rank 2): [B,T,C] x [C,O] -> [B,T,O]. OpenBLAS sgemm/dgemm.
+Var matmul(const Operand& a, const Operand& b, bool trans_a = false, bool trans_b = false);
+
+// ---- shape ----
+// New shape with the same number of elements; one dim may be -1. A view:
+// shares the input's memory.
+Var reshape(const Operand& x, const Shape& shape);
+// Reorders dims: out.shape[i] = x.shape[perm[i]].
+Var permute(const Operand& x, const Shape& perm);
+// Swaps two dims.
+Var transpose(const Operand& x, int dim0 = -2, int dim1 = -1);
+// Numpy broadcasting of x to `shape`.
+Var broadcast_to(const Operand& x, const Shape& shape);
+// Sums x down to `shape` (the inverse of broadcast_to: leading dims summed
+// away, dims where shape has 1 summed with keepdim).
+Var sum_to(const Operand& x, const Shape& shape);
+// x[..., start:stop, ...] along `axis` (negative start/stop/axis count from
+// the end, as in Python; stop is clamped to the dim).
+Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop);
+// Joins tensors along `axis`; all other dims must agree.
+Var concat(const std::vector<Var>& xs, int axis = 0);
+// Rows of x along `axis` picked by integer `index` (i64, any shape):
+// out.shape = x.shape[:axis] + index.shape + x.shape[axis+1:]. Out-of-range
+// indices throw at run time.
+Var gather(const Operand& x, const Operand& index, int axis = 0);
+// Embedding lookup: table [V, D], ids i64 [...] -> [..., D].
+Var embedding(const Operand& table, const Operand& ids);
+
+// ---- reductions ----
+// Over `axes` (empty = all axes); keepdim keeps reduced dims as 1.
+Var sum(const Operand& x, const Shape& axes = {}, bool keepdim = false);
+Var mean(const Operand& x, const Shape& axes = {}, bool keepdim = false);
+// Maximum; the gradient flows to the first maximal element.
+Var max(const Operand& x, const Shape& axes = {}, bool keepdim = false);
+// log sum exp over `axis`, stable for large |x|. A row of all -inf gives
+// -inf, with gradient 0.
+Var logsumexp(const Operand& x, int axis = -1, bool keepdim = false);
+// exp(x - logsumexp(x)) over `axis`. A row of all -inf gives all 0 (and
+// gradient 0), never NaN.
+Var softmax(const Operand& x, int axis = -1);
+// x - logsumexp(x) over `axis`. A row of all -inf gives all -inf, gradient 0.
+Var log_softmax(const Operand& x, int axis = -1);
+
+// ---- normalisation, over the last dim D ----
+// (x - mean) / sqrt(var + eps) * gamma + beta; gamma, beta [D].
+Var layer_norm(const Operand& x, const Operand& gamma, const Operand& beta, double eps = 1e-5);
+// x / sqrt(mean(x^2) + eps) * gamma; gamma [D].
+Var rms_norm(const Operand& x, const Operand& gamma, double eps = 1e-6);
+
+// ---- losses ----
+enum class Reduction : std::uint8_t { mean, sum };
+// logits [N, C] (float), labels [N] (i64 in [0, C)) -> scalar:
+// -log softmax(logits)[i, label_i], averaged (mean) or summed over N.
+// Labels out of range throw at run time.
+Var cross_entropy(const Operand& logits, const Operand& labels, Reduction reduction = Reduction::mean);
+// (a - b)^2 averaged (mean) or summed over all elements -> scalar.
+Var mse(const Operand& a, const Operand& b, Reduction reduction = Reduction::mean);
+
+// ---- random ----
+// Zeroes each element with probability p and scales the rest by 1/(1-p).
+// The mask is a pure function of (seed, offset, element index) (Philox), so
+// recomputing the node gives the same mask, bit for bit. The Rng overload
+// reserves x.numel() counters from rng.
+Var dropout(const Operand& x, double p, Rng& rng);
+Var dropout(const Operand& x, double p, std::uint64_t seed, std::uint64_t offset);
+
+// ---- constants ----
+// A tensor of `shape` filled with `value`, in the graph of `like`.
+Var full(const Var& like, const Shape& shape, double value, DType dtype);
+Var zeros_like(const Var& x);
+Var ones_like(const Var& x);
+
+// ---- operators ----
+inline Var operator+(const Var& a, const Var& b) { return add(a, b); }
+inline Var operator-(const Var& a, const Var& b) { return sub(a, b); }
+inline Var operator*(const Var& a, const Var& b) { return mul(a, b); }
+inline Var operator/(const Var& a, const Var& b) { return div(a, b); }
+inline Var operator-(const Var& a) { return neg(a); }
+inline Var operator+(const Var& a, double s) { return add_scalar(a, s); }
+inline Var operator+(double s, const Var& a) { return add_scalar(a, s); }
+inline Var operator-(const Var& a, double s) { return add_scalar(a, -s); }
+inline Var operator-(double s, const Var& a) { return rsub_scalar(a, s); }
+inline Var operator*(const Var& a, double s) { return mul_scalar(a, s); }
+inline Var operator*(double s, const Var& a) { return mul_scalar(a, s); }
+inline Var operator/(const Var& a, double s) { return mul_scalar(a, 1.0 / s); }
+inline Var operator/(double s, const Var& a) { return rdiv_scalar(a, s); }
+
+}  // namespace ad

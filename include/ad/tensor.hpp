@@ -1,0 +1,99 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ad/allocator.hpp"
+#include "ad/dtype.hpp"
+#include "ad/error.hpp"
+#include "ad/rng.hpp"
+#include "ad/shape.hpp"
+
+namespace ad {
+
+// A block of device memory, freed through the allocator that made it.
+class Storage {
+ public:
+  Storage(std::shared_ptr<Allocator> alloc, std::size_t bytes)
+      : alloc_(std::move(alloc)), bytes_(bytes), data_(alloc_->allocate(bytes)) {}
+  ~Storage() { alloc_->deallocate(data_, bytes_); }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return alloc_->device(); }
+  const std::shared_ptr<Allocator>& allocator() const { return alloc_; }
+
+ private:
+  std::shared_ptr<Allocator> alloc_;
+  std::size_t bytes_;
+  void* data_;
+};
+
+// A dense, contiguous (row-major) n-d array. Copies of a Tensor share its
+// storage (like std::shared_ptr); clone() makes an independent copy.
+class Tensor {
+ public:
+  Tensor() = default;  // undefined tensor: defined() == false
+
+  // Uninitialised memory. `alloc` defaults to default_allocator(device).
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu(),
+                      std::shared_ptr<Allocator> alloc = nullptr);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32);
+  // Values copied from `values` (numel must equal shape.numel()).
+  static Tensor from(std::span<const float> values, const Shape& shape);
+  static Tensor from(std::span<const double> values, const Shape& shape);
+  static Tensor from(std::span<const std::int64_t> values, const Shape& shape);
+  // Standard normal * stddev + mean, drawn from rng (consumes numel counters).
+  static Tensor randn(const Shape& shape, Rng& rng, DType dtype = DType::f32, double mean = 0, double stddev = 1);
+  // Uniform in (lo, hi], drawn from rng.
+  static Tensor uniform(const Shape& shape, Rng& rng, DType dtype = DType::f32, double lo = 0, double hi = 1);
+  // Uniform integers in [0, n), dtype i64.
+  static Tensor randint(const Shape& shape, Rng& rng, std::int64_t n);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  std::int64_t dim(int i) const;  // negative i counts from the end
+  std::int64_t numel() const { return shape_.numel(); }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Typed access; throws ad::Error if T does not match dtype().
+  template <class T> T* data() { check_type(DTypeOf<T>::value); return static_cast<T*>(raw()); }
+  template <class T> const T* data() const { check_type(DTypeOf<T>::value); return static_cast<const T*>(raw()); }
+  void* raw() const { return storage_ ? storage_->data() : nullptr; }
+
+  // The value of a one-element tensor, converted to double.
+  double item() const;
+  // All values converted to double (any dtype).
+  std::vector<double> to_vector() const;
+  // Element at a multi-index, converted to double.
+  double at(std::initializer_list<std::int64_t> index) const;
+
+  // Same storage, new shape (numel must match). A view: writes show in both.
+  Tensor reshape(const Shape& shape) const;
+  Tensor clone(std::shared_ptr<Allocator> alloc = nullptr) const;
+  // Converted copy (f32/f64/f16/bf16/i64 in any direction).
+  Tensor to(DType dtype) const;
+  void fill(double value);
+  // Copies values from `src` (same shape; converted if dtypes differ).
+  void copy_from(const Tensor& src);
+  bool same_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
+
+ private:
+  void check_type(DType t) const;
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+};
+
+// True when shapes, dtypes and every bit of the values agree.
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+}  // namespace ad

@@ -1,0 +1,131 @@
+// Reverse-mode autodiff: walks the graph from the loss backwards and appends
+// gradient nodes built by each op's backward rule (so every device runs them).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "ad/autodiff.hpp"
+#include "core/graph_impl.hpp"
+
+namespace ad {
+
+std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& seed) {
+  if (!loss.defined()) throw Error("grad: loss is an undefined Var");
+  GraphImpl& g = *loss.graph();
+  const Meta loss_meta = g.node(loss.id()).meta;
+  if (!is_compute_float(loss_meta.dtype))
+    throw Error(fmt::format("grad: loss {} is not f32/f64", describe(loss_meta)));
+  if (seed.defined()) {
+    if (seed.graph() != &g) throw Error("grad: seed belongs to another graph");
+    const Meta& sm = g.node(seed.id()).meta;
+    if (!(sm.shape == loss_meta.shape) || sm.dtype != loss_meta.dtype)
+      throw Error(fmt::format("grad: seed {} does not match loss {}", describe(sm), describe(loss_meta)));
+  } else if (loss_meta.shape.numel() != 1) {
+    throw Error(fmt::format("grad: loss {} is not a scalar; pass a seed gradient of the same shape",
+                            describe(loss_meta)));
+  }
+  for (const auto& w : wrt) {
+    if (!w.defined()) throw Error("grad: an entry of wrt is an undefined Var");
+    if (w.graph() != &g) throw Error(fmt::format("grad: {} belongs to another graph than the loss", w.str()));
+  }
+  const std::int32_t L = loss.id();
+  const auto n = static_cast<std::size_t>(L) + 1;
+  // wants[i]: a gradient must flow into node i (it is in wrt, or leads to it)
+  std::vector<char> wants(n, 0);
+  for (const auto& w : wrt) if (w.id() <= L) wants[static_cast<std::size_t>(w.id())] = 1;
+  for (std::int32_t id = 0; id <= L; ++id)
+    for (auto in : g.node(id).inputs)
+      if (wants[static_cast<std::size_t>(in)]) { wants[static_cast<std::size_t>(id)] = 1; break; }
+
+  std::vector<Var> grads(n);
+  if (wants[static_cast<std::size_t>(L)])
+    grads[static_cast<std::size_t>(L)] = seed.defined() ? seed : full(loss, loss_meta.shape, 1.0, loss_meta.dtype);
+
+  BackwardArgs a;
+  for (std::int32_t id = L; id >= 0; --id) {
+    auto u = static_cast<std::size_t>(id);
+    if (!grads[u].defined() || g.is_leaf(id)) continue;
+    const Node& nd = g.node(id);  // copied out below: rules append nodes
+    const OpDef& def = op_def(nd.op);
+    bool any = false;
+    for (auto in : nd.inputs) any |= wants[static_cast<std::size_t>(in)] != 0;
+    if (!any) continue;
+    if (!def.backward)
+      throw Error(fmt::format("grad: {} has no backward rule ({}); the gradient cannot flow through it",
+                              Var(&g, id).str(), def.no_grad ? def.no_grad : "not differentiable"));
+    a.out = Var(&g, id);
+    a.dout = grads[u];
+    a.attrs = nd.attrs;
+    a.in.clear();
+    a.needs.clear();
+    for (auto in : nd.inputs) {
+      a.in.emplace_back(&g, in);
+      a.needs.push_back(wants[static_cast<std::size_t>(in)]);
+    }
+    a.grad.assign(a.in.size(), Var{});
+    def.backward(a);
+    for (std::size_t i = 0; i < a.in.size(); ++i) {
+      if (!a.needs[i] || !a.grad[i].defined()) continue;
+      auto iu = static_cast<std::size_t>(a.in[i].id());
+      const Meta& im = g.node(a.in[i].id()).meta;
+      const Meta& gm = g.node(a.grad[i].id()).meta;
+      if (!(gm.shape == im.shape) || gm.dtype != im.dtype)
+        throw Error(fmt::format("grad: internal: backward of {} gave {} for input {}", def.name, describe(gm), describe(im)));
+      grads[iu] = grads[iu].defined() ? add(grads[iu], a.grad[i]) : a.grad[i];
+    }
+  }
+  std::vector<Var> out;
+  out.reserve(wrt.size());
+  for (const auto& w : wrt) {
+    Var gw = w.id() <= L ? grads[static_cast<std::size_t>(w.id())] : Var{};
+    if (!gw.defined()) gw = zeros_like(w);
+    out.push_back(gw);
+  }
+  return out;
+}
+
+Report backward(const Var& loss, const Policy& policy, const Var& seed) {
+  if (!loss.defined()) throw Error("backward: loss is an undefined Var");
+  GraphImpl& g = *loss.graph();
+  auto t0 = std::chrono::steady_clock::now();
+  auto it = g.grad_cache.find(loss.id());
+  if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
+    // Parameters the loss depends on.
+    const std::int32_t L = loss.id();
+    std::vector<char> reach(static_cast<std::size_t>(L) + 1, 0);
+    reach[static_cast<std::size_t>(L)] = 1;
+    std::vector<Var> params;
+    for (std::int32_t id = L; id >= 0; --id) {
+      if (!reach[static_cast<std::size_t>(id)]) continue;
+      const Node& nd = g.node(id);
+      if (nd.op == OpId::parameter) params.emplace_back(&g, id);
+      for (auto in : nd.inputs) reach[static_cast<std::size_t>(in)] = 1;
+    }
+    if (params.empty())
+      throw Error(fmt::format("backward: loss {} does not depend on any Parameter; use ad::grad(loss, wrt) "
+                              "to differentiate with respect to inputs", loss.str()));
+    std::reverse(params.begin(), params.end());
+    auto grads = grad(loss, params, seed);
+    GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};
+    for (std::size_t i = 0; i < params.size(); ++i)
+      e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
+    it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
+  }
+  Schedule s = plan(g, {loss.id()}, it->second.sinks, policy);
+  auto t1 = std::chrono::steady_clock::now();
+  RunStats rs = execute(g, s);
+  Report r;
+  r.policy = policy.name();
+  r.predicted_peak_bytes = s.predicted_peak_bytes;
+  r.measured_peak_bytes = rs.measured_peak_bytes;
+  r.baseline_bytes = rs.baseline_bytes;
+  r.computed_nodes = rs.computed_nodes;
+  r.recomputed_nodes = rs.recomputed_nodes;
+  r.steps = static_cast<std::int64_t>(s.steps.size());
+  r.plan_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  r.run_ms = rs.run_ms;
+  return r;
+}
+
+}  // namespace ad

@@ -1,0 +1,221 @@
+#include <fmt/format.h>
+
+#include "core/graph_impl.hpp"
+
+namespace ad {
+
+// ---- op table ----
+namespace {
+const OpDef* const kOpTable[] = {
+#define AD_OP(name, family) &op_def_##name,
+#include "ad/op_list.inc"
+#undef AD_OP
+};
+static_assert(sizeof(kOpTable) / sizeof(kOpTable[0]) == static_cast<std::size_t>(kNumOps));
+}  // namespace
+
+const OpDef& op_def(OpId op) { return *kOpTable[static_cast<std::size_t>(op)]; }
+const char* op_name(OpId op) { return op_def(op).name; }
+
+std::string describe(const Meta& m) { return fmt::format("{}{}", dtype_name(m.dtype), m.shape.str()); }
+
+// ---- Parameter ----
+Parameter::Parameter(Tensor value, std::string name) : s_(std::make_shared<ParamState>()) {
+  if (!value.defined()) throw Error("Parameter: value is an undefined tensor");
+  if (!is_compute_float(value.dtype()))
+    throw Error(fmt::format("Parameter: dtype {} is not a compute dtype (f32 or f64)", dtype_name(value.dtype())));
+  s_->value = std::move(value);
+  s_->name = std::move(name);
+}
+Parameter Parameter::randn(const Shape& shape, Rng& rng, double stddev, DType dtype, std::string name) {
+  return Parameter(Tensor::randn(shape, rng, dtype, 0.0, stddev), std::move(name));
+}
+Parameter Parameter::zeros(const Shape& shape, DType dtype, std::string name) {
+  return Parameter(Tensor::zeros(shape, dtype), std::move(name));
+}
+static ParamState& checked(const std::shared_ptr<ParamState>& s) {
+  if (!s) throw Error("Parameter: use of an empty (default-constructed) Parameter");
+  return *s;
+}
+const std::string& Parameter::name() const { return checked(s_).name; }
+Tensor& Parameter::value() const { return checked(s_).value; }
+const Tensor& Parameter::grad() const { return checked(s_).grad; }
+void Parameter::zero_grad() const {
+  auto& s = checked(s_);
+  if (s.grad.defined()) s.grad.fill(0.0);
+}
+
+// ---- GraphImpl ----
+GraphImpl::GraphImpl() : alloc(std::make_shared<Allocator>(Device::cpu())) { nodes.reserve(64); }
+
+std::int32_t GraphImpl::add_node(Node n) {
+  if (nodes.size() >= static_cast<std::size_t>(INT32_MAX)) throw Error("Graph: too many nodes");
+  nodes.push_back(std::move(n));
+  return static_cast<std::int32_t>(nodes.size() - 1);
+}
+
+std::int32_t GraphImpl::param_node(ParamState* p) {
+  auto it = param_nodes.find(p);
+  if (it != param_nodes.end()) return it->second;
+  Node n;
+  n.op = OpId::parameter;
+  n.meta = {p->value.shape(), p->value.dtype(), p->value.device()};
+  n.param = p->shared_from_this();
+  n.value = p->value;
+  auto id = add_node(std::move(n));
+  param_nodes.emplace(p, id);
+  if (!p->name.empty()) names.emplace(id, p->name);
+  return id;
+}
+
+bool GraphImpl::is_leaf(std::int32_t id) const {
+  auto op = node(id).op;
+  return op == OpId::input || op == OpId::parameter;
+}
+
+// ---- Graph ----
+Graph::Graph() : impl_(std::make_unique<GraphImpl>()) {}
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+
+Var Graph::input(const Tensor& t, std::string name) {
+  if (!t.defined()) throw Error("Graph::input: undefined tensor");
+  Node n;
+  n.op = OpId::input;
+  n.meta = {t.shape(), t.dtype(), t.device()};
+  n.value = t;
+  auto id = impl_->add_node(std::move(n));
+  if (!name.empty()) impl_->names.emplace(id, std::move(name));
+  return {impl_.get(), id};
+}
+Var Graph::param(const Parameter& p) {
+  if (!p.defined()) throw Error("Graph::param: empty Parameter");
+  return {impl_.get(), impl_->param_node(p.state())};
+}
+std::int64_t Graph::num_nodes() const { return static_cast<std::int64_t>(impl_->nodes.size()); }
+std::int64_t Graph::live_bytes() const { return impl_->alloc->live_bytes(); }
+
+// ---- Var ----
+static const Node& checked_node(const Var& v) {
+  if (!v.defined()) throw Error("Var: use of an undefined Var");
+  return v.graph()->node(v.id());
+}
+OpId Var::op() const { return checked_node(*this).op; }
+const Shape& Var::shape() const { return checked_node(*this).meta.shape; }
+DType Var::dtype() const { return checked_node(*this).meta.dtype; }
+Device Var::device() const { return checked_node(*this).meta.device; }
+bool Var::has_value() const { return checked_node(*this).value.defined(); }
+std::int64_t Var::dim(int i) const {
+  const Shape& s = shape();
+  if (i < -s.rank() || i >= s.rank()) throw Error(fmt::format("Var::dim: index {} out of range for shape {}", i, s.str()));
+  return s[i < 0 ? i + s.rank() : i];
+}
+const Tensor& Var::value() const { return eval(*this); }
+std::string Var::str() const {
+  const Node& n = checked_node(*this);
+  return fmt::format("{}#{} {}", op_def(n.op).name, id_, describe(n.meta));
+}
+
+// ---- building nodes ----
+Var make_node(OpId op, std::span<const Operand> inputs, const Attrs& attrs) {
+  const OpDef& def = op_def(op);
+  if (def.arity >= 0 && static_cast<int>(inputs.size()) != def.arity)
+    throw Error(fmt::format("{}: expects {} inputs, got {}", def.name, def.arity, inputs.size()));
+  if (def.arity < 0 && inputs.empty()) throw Error(fmt::format("{}: expects at least one input", def.name));
+  GraphImpl* g = nullptr;
+  for (const auto& o : inputs) {
+    if (!o.var().defined()) continue;
+    if (g && o.var().graph() != g)
+      throw Error(fmt::format("{}: inputs belong to different graphs", def.name));
+    g = o.var().graph();
+  }
+  if (!g) {
+    for (const auto& o : inputs)
+      if (!o.param()) throw Error(fmt::format("{}: an input is an undefined Var", def.name));
+    throw Error(fmt::format("{}: every input is a Parameter, so no graph is known; place one in a graph with g.param(p)",
+                            def.name));
+  }
+  Node n;
+  n.op = op;
+  n.attrs = attrs;
+  n.inputs.reserve(inputs.size());
+  for (const auto& o : inputs) {
+    if (o.param()) n.inputs.push_back(g->param_node(o.param()));
+    else n.inputs.push_back(o.var().id());
+  }
+  const Meta* metas_small[8];
+  std::vector<const Meta*> metas_big;
+  const Meta** metas = metas_small;
+  if (n.inputs.size() > 8) { metas_big.resize(n.inputs.size()); metas = metas_big.data(); }
+  for (std::size_t i = 0; i < n.inputs.size(); ++i) metas[i] = &g->node(n.inputs[i]).meta;
+  InferArgs a{def, std::span<const Meta* const>(metas, n.inputs.size()), n.attrs};
+  n.meta = def.infer(a);
+  return {g, g->add_node(std::move(n))};
+}
+
+// ---- infer helpers ----
+static std::string arg_name(const OpDef& def, std::size_t i) {
+  std::string_view s = def.args ? def.args : "";
+  std::size_t k = 0, start = 0;
+  while (k < i) {
+    auto p = s.find(',', start);
+    if (p == std::string_view::npos) return fmt::format("in{}", i);  // variadic tail
+    start = p + 1;
+    ++k;
+  }
+  auto e = s.find(',', start);
+  auto name = s.substr(start, e == std::string_view::npos ? s.size() - start : e - start);
+  if (name.empty() || name == "...") return fmt::format("in{}", i);
+  return std::string(name);
+}
+std::string shapes_of(const InferArgs& a) {
+  std::string s;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    if (i) s += " vs ";
+    s += arg_name(a.def, i) + " " + describe(*a.in[i]);
+  }
+  return s;
+}
+void fail_shapes(const InferArgs& a, const std::string& what) {
+  throw Error(fmt::format("{}: {}: {}", a.def.name, what, shapes_of(a)));
+}
+void fail(const InferArgs& a, const std::string& what) { throw Error(fmt::format("{}: {}", a.def.name, what)); }
+
+void check_float_same(const InferArgs& a) {
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    if (!is_compute_float(a[i].dtype))
+      fail_shapes(a, fmt::format("{} must be f32 or f64, got {}", arg_name(a.def, i), dtype_name(a[i].dtype)));
+    if (a[i].dtype != a[0].dtype) fail_shapes(a, "dtype mismatch");
+    if (!(a[i].device == a[0].device)) fail_shapes(a, "inputs on different devices");
+  }
+}
+void check_index(const InferArgs& a, std::size_t i) {
+  if (a[i].dtype != DType::i64)
+    fail_shapes(a, fmt::format("{} must be i64 indices, got {}", arg_name(a.def, i), dtype_name(a[i].dtype)));
+}
+std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank) {
+  if (axis < -rank || axis >= rank)
+    fail_shapes(a, fmt::format("axis {} out of range for rank {}", axis, rank));
+  return axis < 0 ? axis + rank : axis;
+}
+std::int64_t norm_axis(const char* op, std::int64_t axis, const Shape& shape) {
+  int rank = shape.rank();
+  if (axis < -rank || axis >= rank)
+    throw Error(fmt::format("{}: axis {} out of range for shape {}", op, axis, shape.str()));
+  return axis < 0 ? axis + rank : axis;
+}
+bool broadcast_shapes(const Shape& a, const Shape& b, Shape& out) {
+  int r = std::max(a.rank(), b.rank());
+  out = Shape{};
+  for (int i = 0; i < r; ++i) {
+    int ia = a.rank() - r + i, ib = b.rank() - r + i;
+    std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1) return false;
+    out.push_back(da == 1 ? db : da);
+  }
+  return true;
+}
+void kernel_fail(const char* op, const std::string& what) { throw Error(fmt::format("{}: {}", op, what)); }
+
+}  // namespace ad

@@ -1,0 +1,158 @@
+#pragma once
+// Internal: nodes, attrs and the OpDef table. Ops (src/ops), the planner
+// (src/checkpoint) and the executor see the graph through this header.
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ad/graph.hpp"
+#include "ad/ops.hpp"
+#include "ad/schedule.hpp"
+
+namespace ad {
+
+// Static description of a node's value.
+struct Meta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  std::size_t nbytes() const { return static_cast<std::size_t>(shape.numel()) * dtype_size(dtype); }
+};
+// "f32[2,3]"
+std::string describe(const Meta& m);
+
+// Op parameters. One struct for all ops; each op reads the fields it documents.
+struct Attrs {
+  Shape shape;                 // reshape/broadcast_to/sum_to/full target; *_backward: input shape
+  Shape axes;                  // reduction axes (sorted, unique); permute order
+  std::int64_t axis = 0;       // softmax/logsumexp/slice/concat/gather axis (non-negative)
+  std::int64_t start = 0, stop = 0;  // slice bounds (normalised)
+  double scalar = 0;           // scalar operand, exponent, eps, dropout p, fill value
+  bool keepdim = false;
+  bool trans_a = false, trans_b = false;
+  Reduction reduction = Reduction::mean;
+  std::int32_t which = 0;      // multi-part backward: which gradient this node is
+  DType dtype = DType::f32;    // cast / full target dtype
+  std::uint64_t seed = 0, offset = 0;  // random ops
+};
+
+struct ParamState : std::enable_shared_from_this<ParamState> {
+  Tensor value;
+  Tensor grad;
+  std::string name;
+};
+
+struct Node {
+  OpId op;
+  std::vector<std::int32_t> inputs;
+  Attrs attrs;
+  Meta meta;
+  Tensor value;                        // present or not
+  std::shared_ptr<ParamState> param;   // parameter leaves
+  std::int32_t times_computed = 0;     // by executors, over this graph's life
+};
+
+struct OpDef;
+
+// What an op's shape inference sees.
+struct InferArgs {
+  const OpDef& def;
+  std::span<const Meta* const> in;
+  const Attrs& attrs;
+  const Meta& operator[](std::size_t i) const { return *in[i]; }
+};
+
+// What a kernel sees: input values, the output (allocated by the executor,
+// except for view ops, whose kernel sets it), attrs and a workspace.
+struct KernelArgs {
+  std::span<const Tensor* const> in;
+  Tensor& out;
+  const Attrs& attrs;
+  const Meta& out_meta;
+  void* workspace = nullptr;
+  const Tensor& operator[](std::size_t i) const { return *in[i]; }
+};
+
+// What a backward rule sees and sets: grad[i] = d(loss)/d(input i), built
+// from ops on out, dout and the inputs. Leave grad[i] undefined for zero.
+struct BackwardArgs {
+  Var out, dout;
+  std::vector<Var> in;
+  Attrs attrs;
+  std::vector<char> needs;  // needs[i]: input i's gradient is wanted
+  std::vector<Var> grad;
+};
+
+inline constexpr std::uint32_t kSavesOutput = 1u << 31;
+inline constexpr std::uint32_t saves_input(int i) { return 1u << i; }
+
+// One op: everything the engine knows about it, in one place.
+struct OpDef {
+  const char* name;
+  const char* args;  // input names for messages, comma separated ("a,b")
+  int arity;         // number of inputs; -1: one or more
+  Meta (*infer)(const InferArgs&);                 // throws ad::Error
+  void (*cpu)(const KernelArgs&);                  // nullptr only for leaves
+  void (*cuda)(const KernelArgs&) = nullptr;       // nullptr: "no CUDA kernel for <op>"
+  void (*backward)(BackwardArgs&) = nullptr;       // nullptr: not differentiable (see no_grad)
+  const char* no_grad = nullptr;                   // why there is no backward rule
+  std::uint32_t saves = 0;                         // what backward reads: inputs bits, kSavesOutput
+  double (*flops)(const InferArgs&, const Meta& out) = nullptr;  // nullptr: out.numel()
+  std::int64_t (*workspace)(const InferArgs&, const Meta& out) = nullptr;  // bytes; nullptr: 0
+  bool view = false;                               // output shares input 0's storage
+};
+
+#define AD_OP(name, family) extern const OpDef op_def_##name;
+#include "ad/op_list.inc"
+#undef AD_OP
+
+const OpDef& op_def(OpId op);
+
+class GraphImpl {
+ public:
+  GraphImpl();
+  Node& node(std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
+  const Node& node(std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }
+  std::int32_t add_node(Node n);
+  std::int32_t param_node(ParamState* p);
+  bool is_leaf(std::int32_t id) const;
+
+  std::vector<Node> nodes;
+  std::shared_ptr<Allocator> alloc;
+  std::unordered_map<const ParamState*, std::int32_t> param_nodes;
+  std::unordered_map<std::int32_t, std::string> names;
+  // backward(): loss id -> gradient sinks built for it (reused by later calls)
+  struct GradCacheEntry { std::int32_t seed; std::vector<Sink> sinks; };
+  std::unordered_map<std::int32_t, GradCacheEntry> grad_cache;
+};
+
+// Builds a node: resolves the graph of the operands, infers the output meta
+// (ad::Error on mismatch), appends it.
+Var make_node(OpId op, std::span<const Operand> inputs, const Attrs& attrs = {});
+inline Var make_node(OpId op, std::initializer_list<Operand> inputs, const Attrs& attrs = {}) {
+  return make_node(op, std::span<const Operand>(inputs.begin(), inputs.size()), attrs);
+}
+
+// ---- helpers for infer functions ----
+// Throws ad::Error "<op>: <what>: a f32[2,3] vs b f32[4]" (all inputs listed).
+[[noreturn]] void fail_shapes(const InferArgs& a, const std::string& what);
+[[noreturn]] void fail(const InferArgs& a, const std::string& what);
+// Inputs must be f32/f64 and share dtype and device (names them otherwise).
+void check_float_same(const InferArgs& a);
+// Input i must be i64.
+void check_index(const InferArgs& a, std::size_t i);
+// Normalises a possibly negative axis for rank r; throws naming the op.
+std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank);
+std::int64_t norm_axis(const char* op, std::int64_t axis, const Shape& shape);
+// Numpy broadcast of two shapes; nullopt-like: returns false if incompatible.
+bool broadcast_shapes(const Shape& a, const Shape& b, Shape& out);
+
+// Runtime errors from kernels (data-dependent), naming the op.
+[[noreturn]] void kernel_fail(const char* op, const std::string& what);
+
+}  // namespace ad

@@ -1,0 +1,96 @@
+#pragma once
+// Internal helpers shared by CPU kernels: dtype dispatch, broadcasting
+// iteration, in-place accumulation.
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "core/graph_impl.hpp"
+
+namespace ad::kernels {
+
+// Calls f(T{}) with T = float or double for a compute dtype.
+template <class F> decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    default: break;
+  }
+  kernel_fail(op, fmt::format("no CPU kernel for dtype {}", dtype_name(t)));
+}
+
+// Applies out[i] = f(x[i]) over n elements.
+template <class T, class F> inline void map1(const T* __restrict x, T* __restrict y, std::int64_t n, F f) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+// out[i] = f(a[i], b[i]).
+template <class T, class F>
+inline void map2(const T* __restrict a, const T* __restrict b, T* __restrict y, std::int64_t n, F f) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+}
+
+// Strides of `in` viewed through numpy broadcasting as `out` (0 on broadcast dims).
+inline void broadcast_strides(const Shape& in, const Shape& out, std::int64_t* strides) {
+  int off = out.rank() - in.rank();
+  std::int64_t s = 1;
+  for (int i = out.rank() - 1; i >= 0; --i) {
+    int j = i - off;
+    if (j < 0 || in[j] == 1) strides[i] = 0;
+    else { strides[i] = s; }
+    if (j >= 0) s *= in[j];
+  }
+}
+
+// y = f(a, b) with numpy broadcasting of a and b to y's shape. The innermost
+// dim runs as a contiguous loop (stride 1 or 0 for each input) so it vectorises.
+template <class T, class F>
+void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs, T* y, const Shape& ys, F f) {
+  std::int64_t n = ys.numel();
+  if (n == 0) return;
+  if (as == ys && bs == ys) { map2(a, b, y, n, f); return; }
+  int r = ys.rank();
+  std::int64_t sa[kMaxRank], sb[kMaxRank];
+  broadcast_strides(as, ys, sa);
+  broadcast_strides(bs, ys, sb);
+  // merge trailing dims while both inputs stay contiguous-or-broadcast consistently
+  std::int64_t inner = r ? ys[r - 1] : 1;
+  std::int64_t ia = r ? sa[r - 1] : 0, ib = r ? sb[r - 1] : 0;
+  int d = r - 2;
+  for (; d >= 0; --d) {
+    bool a_ok = (ia == 0 && sa[d] == 0) || (ia == 1 && sa[d] == inner);
+    bool b_ok = (ib == 0 && sb[d] == 0) || (ib == 1 && sb[d] == inner);
+    if (!a_ok || !b_ok) break;
+    inner *= ys[d];
+  }
+  if (r == 0) { y[0] = f(a[0], b[0]); return; }
+  std::int64_t outer = n / inner;
+  std::int64_t idx[kMaxRank] = {0};
+  std::int64_t oa = 0, ob = 0;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    T* yo = y + o * inner;
+    const T* ao = a + oa;
+    const T* bo = b + ob;
+    if (ia && ib) for (std::int64_t i = 0; i < inner; ++i) yo[i] = f(ao[i], bo[i]);
+    else if (ia) { T bv = bo[0]; for (std::int64_t i = 0; i < inner; ++i) yo[i] = f(ao[i], bv); }
+    else if (ib) { T av = ao[0]; for (std::int64_t i = 0; i < inner; ++i) yo[i] = f(av, bo[i]); }
+    else { T v = f(ao[0], bo[0]); for (std::int64_t i = 0; i < inner; ++i) yo[i] = v; }
+    // advance the odometer over dims 0..d
+    for (int k = d; k >= 0; --k) {
+      if (++idx[k] < ys[k]) { oa += sa[k]; ob += sb[k]; break; }
+      oa -= sa[k] * (ys[k] - 1);
+      ob -= sb[k] * (ys[k] - 1);
+      idx[k] = 0;
+    }
+  }
+}
+
+// acc += v (same shape and dtype).
+void add_into(Tensor& acc, const Tensor& v);
+
+// Row-major strides of a shape.
+inline void contiguous_strides(const Shape& s, std::int64_t* st) {
+  std::int64_t k = 1;
+  for (int i = s.rank() - 1; i >= 0; --i) { st[i] = k; k *= s[i]; }
+}
+
+}  // namespace ad::kernels

@@ -1,0 +1,110 @@
+#pragma once
+// Per-element math shared by CPU and CUDA kernels (AD_HD). The f32 versions
+// are branch-free so loops over them vectorise; f64 uses the C library.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "ad/hd.hpp"
+
+namespace ad::math {
+
+// e^x in f32, within 2 ulp: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-7
+// Taylor polynomial, 2^n by exponent bits. Overflow gives inf, underflow 0,
+// NaN stays NaN. Plain multiply-adds (no libm calls) so loops vectorise.
+AD_HD float expf_fast(float x) {
+  const float hi = 88.7228394f, lo = -103.972084f;
+  float xc = x > hi ? hi : (x < lo ? lo : x);
+  xc = x != x ? 0.0f : xc;
+  // round to nearest integer: adding 1.5*2^23 pushes the fraction out
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693145751953125f;  // ln2 split in two for exact reduction
+  r = r - n * 1.428606765330187e-06f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  // 2^n as two factors so n in [-150, 128] never overflows the exponent field
+  std::int32_t ni = static_cast<std::int32_t>(n);
+  std::int32_t n1 = ni / 2, n2 = ni - n1;
+  std::uint32_t b1 = static_cast<std::uint32_t>(n1 + 127) << 23, b2 = static_cast<std::uint32_t>(n2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  float y = p * s1 * s2;
+  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  y = x < lo ? 0.0f : y;
+  return x != x ? x : y;
+}
+
+// tanh in f32: odd polynomial near 0 (no cancellation), 1 - 2/(e^{2|x|}+1) beyond.
+AD_HD float tanhf_fast(float x) {
+  float a = std::fabs(x);
+  float x2 = x * x;
+  // tanh(x)/x = 1 + x^2 P(x^2), Taylor to x^18: < 1 ulp for |x| < 0.4
+  float p = -0.00023912911f;  // Taylor coefficients of tanh(x)/x, highest first
+  p = p * x2 + 0.0005900274f;
+  p = p * x2 + -0.0014558344f;
+  p = p * x2 + 0.0035921280f;
+  p = p * x2 + -0.0088632355f;
+  p = p * x2 + 0.0218694885f;
+  p = p * x2 + -0.0539682540f;
+  p = p * x2 + 0.1333333333f;
+  p = p * x2 + -0.3333333333f;
+  float small = p * x2 * x + x;
+  float e = expf_fast(2.0f * (a < 9.0f ? a : 9.0f));
+  float big = 1.0f - 2.0f / (e + 1.0f);
+  big = std::copysign(big, x);
+  return a < 0.4f ? small : big;
+}
+
+AD_HD float sigmoidf_fast(float x) { return 1.0f / (1.0f + expf_fast(-x)); }
+
+// erf in f32, branch-free (Abramowitz & Stegun 7.1.26 is too coarse; this is
+// the rational form erf(x) = 1 - t*exp(-x^2 + P(t)), t = 1/(1 + 0.5|x|),
+// Numerical Recipes' erfc fit, relative error < 1.2e-7).
+AD_HD float erff_fast(float x) {
+  float z = std::fabs(x);
+  float t = 1.0f / (0.5f * z + 1.0f);
+  float p = 0.17087277f;
+  p = p * t + -0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t + -1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t + -0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t + -1.26551223f;
+  float erfc = t * expf_fast(-z * z + p);
+  float r = 1.0f - erfc;
+  return std::copysign(r, x);
+}
+
+// ---- scalar functions used by kernels, one per type ----
+AD_HD float exp_(float x) { return expf_fast(x); }
+AD_HD double exp_(double x) { return std::exp(x); }
+AD_HD float tanh_(float x) { return tanhf_fast(x); }
+AD_HD double tanh_(double x) { return std::tanh(x); }
+AD_HD float sigmoid_(float x) { return sigmoidf_fast(x); }
+AD_HD double sigmoid_(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+AD_HD float erf_(float x) { return erff_fast(x); }
+AD_HD double erf_(double x) { return std::erf(x); }
+
+template <class T> AD_HD T gelu(T x) { return T(0.5) * x * (T(1) + erf_(x * T(0.70710678118654752440))); }
+// d/dx gelu = Phi(x) + x phi(x)
+template <class T> AD_HD T gelu_grad(T x) {
+  T cdf = T(0.5) * (T(1) + erf_(x * T(0.70710678118654752440)));
+  T pdf = T(0.39894228040143267794) * exp_(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+template <class T> AD_HD T silu(T x) { return x * sigmoid_(x); }
+// d/dx silu = s (1 + x (1 - s))
+template <class T> AD_HD T silu_grad(T x) { T s = sigmoid_(x); return s * (T(1) + x * (T(1) - s)); }
+
+}  // namespace ad::math

@@ -1,0 +1,179 @@
+#include "ad/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace ad {
+
+namespace {
+// Calls f(T*) with the typed pointer of a float or index tensor.
+template <class F> void visit_store(DType t, void* p, std::int64_t n, F&& f) {
+  switch (t) {
+    case DType::f32: { auto* q = static_cast<float*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = static_cast<float>(f(i)); break; }
+    case DType::f64: { auto* q = static_cast<double*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f(i); break; }
+    case DType::f16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_f16(static_cast<float>(f(i))); break; }
+    case DType::bf16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_bf16(static_cast<float>(f(i))); break; }
+    case DType::i64: { auto* q = static_cast<std::int64_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = static_cast<std::int64_t>(f(i)); break; }
+  }
+}
+double load(DType t, const void* p, std::int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
+  }
+  return 0;
+}
+void check_shape(const Shape& s, const char* what) {
+  for (auto d : s)
+    if (d < 0) throw Error(fmt::format("{}: negative dimension in shape {}", what, s.str()));
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, std::shared_ptr<Allocator> alloc) {
+  check_shape(shape, "Tensor::empty");
+  if (!alloc) alloc = default_allocator(device);
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(std::move(alloc), static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  return t;
+}
+Tensor Tensor::zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }
+Tensor Tensor::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
+Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill(value);
+  return t;
+}
+
+template <class T> static Tensor from_span(std::span<const T> v, const Shape& shape) {
+  if (static_cast<std::int64_t>(v.size()) != shape.numel())
+    throw Error(fmt::format("Tensor::from: {} values do not fill shape {} ({} elements)", v.size(), shape.str(), shape.numel()));
+  Tensor t = Tensor::empty(shape, DTypeOf<T>::value);
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
+  return t;
+}
+Tensor Tensor::from(std::span<const float> v, const Shape& s) { return from_span(v, s); }
+Tensor Tensor::from(std::span<const double> v, const Shape& s) { return from_span(v, s); }
+Tensor Tensor::from(std::span<const std::int64_t> v, const Shape& s) { return from_span(v, s); }
+
+Tensor Tensor::randn(const Shape& shape, Rng& rng, DType dtype, double mean, double stddev) {
+  Tensor t = empty(shape, dtype);
+  std::int64_t n = shape.numel();
+  // Box-Muller on pairs: element i uses draws 2i and 2i+1 of the stream.
+  std::uint64_t base = rng.reserve(2 * static_cast<std::uint64_t>(n));
+  std::uint64_t seed = rng.seed();
+  visit_store(dtype, t.raw(), n, [&](std::int64_t i) {
+    auto k = base + 2 * static_cast<std::uint64_t>(i);
+    double u1 = uniform01(philox_u32(seed, k)), u2 = uniform01(philox_u32(seed, k + 1));
+    return mean + stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  });
+  return t;
+}
+Tensor Tensor::uniform(const Shape& shape, Rng& rng, DType dtype, double lo, double hi) {
+  Tensor t = empty(shape, dtype);
+  std::int64_t n = shape.numel();
+  std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(n));
+  visit_store(dtype, t.raw(), n, [&](std::int64_t i) {
+    return lo + (hi - lo) * static_cast<double>(uniform01(philox_u32(rng.seed(), base + static_cast<std::uint64_t>(i))));
+  });
+  return t;
+}
+Tensor Tensor::randint(const Shape& shape, Rng& rng, std::int64_t n) {
+  if (n <= 0) throw Error(fmt::format("Tensor::randint: n must be positive, got {}", n));
+  Tensor t = empty(shape, DType::i64);
+  std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(shape.numel()));
+  visit_store(DType::i64, t.raw(), shape.numel(), [&](std::int64_t i) {
+    auto u = philox_u32(rng.seed(), base + static_cast<std::uint64_t>(i));
+    return static_cast<double>(static_cast<std::int64_t>((static_cast<std::uint64_t>(u) * static_cast<std::uint64_t>(n)) >> 32));
+  });
+  return t;
+}
+
+std::int64_t Tensor::dim(int i) const {
+  int r = rank();
+  if (i < -r || i >= r) throw Error(fmt::format("Tensor::dim: index {} out of range for shape {}", i, shape_.str()));
+  return shape_[i < 0 ? i + r : i];
+}
+Device Tensor::device() const { return storage_ ? storage_->device() : Device::cpu(); }
+
+void Tensor::check_type(DType t) const {
+  if (!defined()) throw Error("Tensor: access to an undefined tensor");
+  if (t != dtype_)
+    throw Error(fmt::format("Tensor: data<{}>() on a {} tensor {}", dtype_name(t), dtype_name(dtype_), shape_.str()));
+}
+
+double Tensor::item() const {
+  if (!defined()) throw Error("Tensor::item: undefined tensor");
+  if (numel() != 1) throw Error(fmt::format("Tensor::item: tensor {} has {} elements, not 1", shape_.str(), numel()));
+  return load(dtype_, raw(), 0);
+}
+std::vector<double> Tensor::to_vector() const {
+  if (!defined()) throw Error("Tensor::to_vector: undefined tensor");
+  std::vector<double> v(static_cast<std::size_t>(numel()));
+  for (std::int64_t i = 0; i < numel(); ++i) v[static_cast<std::size_t>(i)] = load(dtype_, raw(), i);
+  return v;
+}
+double Tensor::at(std::initializer_list<std::int64_t> index) const {
+  if (!defined()) throw Error("Tensor::at: undefined tensor");
+  if (static_cast<int>(index.size()) != rank())
+    throw Error(fmt::format("Tensor::at: {} indices for shape {}", index.size(), shape_.str()));
+  std::int64_t flat = 0;
+  int d = 0;
+  for (auto i : index) {
+    if (i < 0 || i >= shape_[d]) throw Error(fmt::format("Tensor::at: index {} out of range for dim {} of {}", i, d, shape_.str()));
+    flat = flat * shape_[d] + i;
+    ++d;
+  }
+  return load(dtype_, raw(), flat);
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape.numel() != numel())
+    throw Error(fmt::format("Tensor::reshape: cannot view {} ({} elements) as {}", shape_.str(), numel(), shape.str()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+Tensor Tensor::clone(std::shared_ptr<Allocator> alloc) const {
+  if (!defined()) return {};
+  Tensor t = empty(shape_, dtype_, device(), std::move(alloc));
+  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+Tensor Tensor::to(DType dtype) const {
+  if (!defined()) throw Error("Tensor::to: undefined tensor");
+  if (dtype == dtype_) return clone();
+  Tensor t = empty(shape_, dtype);
+  t.copy_from(*this);
+  return t;
+}
+void Tensor::fill(double value) {
+  if (!defined()) throw Error("Tensor::fill: undefined tensor");
+  visit_store(dtype_, raw(), numel(), [&](std::int64_t) { return value; });
+}
+void Tensor::copy_from(const Tensor& src) {
+  if (!defined() || !src.defined()) throw Error("Tensor::copy_from: undefined tensor");
+  if (!(src.shape_ == shape_))
+    throw Error(fmt::format("Tensor::copy_from: {}{} into {}{}", dtype_name(src.dtype_), src.shape_.str(),
+                            dtype_name(dtype_), shape_.str()));
+  if (src.dtype_ != dtype_) {
+    visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return load(src.dtype_, src.raw(), i); });
+    return;
+  }
+  if (nbytes() && raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  return a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace ad

@@ -1,0 +1,79 @@
+// Elementwise binary ops with numpy broadcasting. Gradients are summed back
+// to each input's shape with sum_to.
+#include <cmath>
+
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+
+namespace ad {
+
+namespace {
+// [2,1,4] op [3,1] -> [2,3,4]
+Meta infer_broadcast(const InferArgs& a) {
+  check_float_same(a);
+  Meta m = a[0];
+  if (!broadcast_shapes(a[0].shape, a[1].shape, m.shape)) fail_shapes(a, "shapes do not broadcast");
+  return m;
+}
+template <class Fn> void binary(const KernelArgs& k, const char* op, Fn fn) {
+  kernels::dispatch_float(k.out.dtype(), op, [&](auto t) {
+    using T = decltype(t);
+    kernels::broadcast2(k[0].data<T>(), k[0].shape(), k[1].data<T>(), k[1].shape(), k.out.data<T>(), k.out.shape(),
+                        [&](T x, T y) { return fn(x, y); });
+  });
+}
+// d/d(input) summed over the dims the input was broadcast along
+Var unbroadcast(const Var& g, const Var& like) { return g.shape() == like.shape() ? g : sum_to(g, like.shape()); }
+}  // namespace
+
+// ---- add ----  d/da = d/db = 1
+void add_cpu(const KernelArgs& k) { binary(k, "add", [](auto x, auto y) { return x + y; }); }
+void add_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
+  if (a.needs[1]) a.grad[1] = unbroadcast(a.dout, a.in[1]);
+}
+const OpDef op_def_add{.name = "add", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = add_cpu,
+                       .backward = add_bwd};
+Var add(const Operand& a, const Operand& b) { return make_node(OpId::add, {a, b}); }
+
+// ---- sub ----  d/da = 1, d/db = -1
+void sub_cpu(const KernelArgs& k) { binary(k, "sub", [](auto x, auto y) { return x - y; }); }
+void sub_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
+  if (a.needs[1]) a.grad[1] = unbroadcast(neg(a.dout), a.in[1]);
+}
+const OpDef op_def_sub{.name = "sub", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = sub_cpu,
+                       .backward = sub_bwd};
+Var sub(const Operand& a, const Operand& b) { return make_node(OpId::sub, {a, b}); }
+
+// ---- mul ----  d/da = b, d/db = a; saves both inputs
+void mul_cpu(const KernelArgs& k) { binary(k, "mul", [](auto x, auto y) { return x * y; }); }
+void mul_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, a.in[1]), a.in[0]);
+  if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, a.in[0]), a.in[1]);
+}
+const OpDef op_def_mul{.name = "mul", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = mul_cpu,
+                       .backward = mul_bwd, .saves = saves_input(0) | saves_input(1)};
+Var mul(const Operand& a, const Operand& b) { return make_node(OpId::mul, {a, b}); }
+
+// ---- div ----  y = a/b; d/da = 1/b, d/db = -y/b; saves b and output
+void div_cpu(const KernelArgs& k) { binary(k, "div", [](auto x, auto y) { return x / y; }); }
+void div_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = unbroadcast(div(a.dout, a.in[1]), a.in[0]);
+  if (a.needs[1]) a.grad[1] = unbroadcast(neg(div(mul(a.dout, a.out), a.in[1])), a.in[1]);
+}
+const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = div_cpu,
+                       .backward = div_bwd, .saves = saves_input(1) | kSavesOutput};
+Var div(const Operand& a, const Operand& b) { return make_node(OpId::div, {a, b}); }
+
+// ---- pow ----  y = a^b; d/da = b a^(b-1), d/db = y log a (defined for a > 0)
+void pow_cpu(const KernelArgs& k) { binary(k, "pow", [](auto x, auto y) { return std::pow(x, y); }); }
+void pow_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, mul(a.in[1], pow(a.in[0], add_scalar(a.in[1], -1.0)))), a.in[0]);
+  if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, mul(a.out, log(a.in[0]))), a.in[1]);
+}
+const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = pow_cpu,
+                       .backward = pow_bwd, .saves = saves_input(0) | saves_input(1) | kSavesOutput};
+Var pow(const Operand& a, const Operand& b) { return make_node(OpId::pow, {a, b}); }
+
+}  // namespace ad

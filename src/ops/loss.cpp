@@ -1,0 +1,126 @@
+// Losses: cross_entropy with integer labels (fused with its softmax) and mse.
+#include <cmath>
+#include <limits>
+
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+#include "core/math.hpp"
+
+namespace ad {
+
+namespace {
+void check_labels(const char* op, const std::int64_t* y, std::int64_t rows, std::int64_t c) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (y[r] < 0 || y[r] >= c)
+      kernel_fail(op, fmt::format("label {} at position {} out of range [0, {})", y[r], r, c));
+}
+}  // namespace
+
+// ---- cross_entropy ----  logits [..., C], labels i64 [...] -> []:
+//   loss_r = lse(logits_r) - logits_r[label_r], mean or sum over rows; saves both inputs
+Meta infer_cross_entropy(const InferArgs& a) {
+  if (!is_compute_float(a[0].dtype)) fail_shapes(a, "logits must be f32 or f64");
+  check_index(a, 1);
+  const Shape &ls = a[0].shape, &ys = a[1].shape;
+  if (ls.rank() < 1) fail_shapes(a, "logits need rank >= 1 ([..., C])");
+  bool ok = ys.rank() == ls.rank() - 1;
+  for (int i = 0; ok && i < ys.rank(); ++i) ok = ys[i] == ls[i];
+  if (!ok) fail_shapes(a, "labels must have logits' shape without the last (class) dim");
+  if (ls.back() == 0) fail_shapes(a, "no classes");
+  if (a.attrs.reduction == Reduction::mean && ys.numel() == 0) fail_shapes(a, "mean over an empty batch");
+  return Meta{Shape{}, a[0].dtype, a[0].device};
+}
+void cross_entropy_cpu(const KernelArgs& k) {
+  std::int64_t c = k[0].shape().back(), rows = k[1].numel();
+  const std::int64_t* y = k[1].data<std::int64_t>();
+  check_labels("cross_entropy", y, rows, c);
+  kernels::dispatch_float(k.out.dtype(), "cross_entropy", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    double total = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * c;
+      double m = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j < c; ++j) m = std::max(m, static_cast<double>(xr[j]));
+      double s = 0;
+      for (std::int64_t j = 0; j < c; ++j) s += static_cast<double>(math::exp_(static_cast<T>(xr[j] - m)));
+      total += m + std::log(s) - static_cast<double>(xr[y[r]]);
+    }
+    if (k.attrs.reduction == Reduction::mean) total /= static_cast<double>(rows);
+    k.out.data<T>()[0] = static_cast<T>(total);
+  });
+}
+void cross_entropy_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = make_node(OpId::cross_entropy_backward, {a.in[0], a.in[1], a.dout}, a.attrs);
+}
+const OpDef op_def_cross_entropy{.name = "cross_entropy", .args = "logits,labels", .arity = 2,
+                                 .infer = infer_cross_entropy, .cpu = cross_entropy_cpu,
+                                 .backward = cross_entropy_bwd, .saves = saves_input(0) | saves_input(1)};
+Var cross_entropy(const Operand& logits, const Operand& labels, Reduction reduction) {
+  Attrs at;
+  at.reduction = reduction;
+  return make_node(OpId::cross_entropy, {logits, labels}, at);
+}
+// ---- cross_entropy_backward ----  (logits, labels, dy) -> (softmax(logits) - onehot(labels)) dy [/ rows]
+Meta infer_cross_entropy_backward(const InferArgs& a) { return a[0]; }
+void cross_entropy_backward_cpu(const KernelArgs& k) {
+  std::int64_t c = k[0].shape().back(), rows = k[1].numel();
+  const std::int64_t* y = k[1].data<std::int64_t>();
+  check_labels("cross_entropy_backward", y, rows, c);
+  kernels::dispatch_float(k.out.dtype(), "cross_entropy_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    T* dx = k.out.data<T>();
+    double scale = static_cast<double>(k[2].data<T>()[0]);
+    if (k.attrs.reduction == Reduction::mean) scale /= static_cast<double>(rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * c;
+      T* dr = dx + r * c;
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < c; ++j) m = std::max(m, xr[j]);
+      double s = 0;
+      for (std::int64_t j = 0; j < c; ++j) { dr[j] = math::exp_(static_cast<T>(xr[j] - m)); s += static_cast<double>(dr[j]); }
+      T f = static_cast<T>(scale / s);
+      for (std::int64_t j = 0; j < c; ++j) dr[j] *= f;
+      dr[y[r]] -= static_cast<T>(scale);
+    }
+  });
+}
+const OpDef op_def_cross_entropy_backward{.name = "cross_entropy_backward", .args = "logits,labels,dy", .arity = 3,
+                                          .infer = infer_cross_entropy_backward,
+                                          .cpu = cross_entropy_backward_cpu,
+                                          .no_grad = "double backward is not supported"};
+
+// ---- mse ----  mean or sum of (a - b)^2 -> []; d/da = 2 (a - b) dy [/ n]; saves both inputs
+Meta infer_mse(const InferArgs& a) {
+  check_float_same(a);
+  if (!(a[0].shape == a[1].shape)) fail_shapes(a, "shapes differ");
+  if (a.attrs.reduction == Reduction::mean && a[0].shape.numel() == 0) fail_shapes(a, "mean over no elements");
+  return Meta{Shape{}, a[0].dtype, a[0].device};
+}
+void mse_cpu(const KernelArgs& k) {
+  std::int64_t n = k[0].numel();
+  kernels::dispatch_float(k.out.dtype(), "mse", [&](auto t) {
+    using T = decltype(t);
+    const T *a = k[0].data<T>(), *b = k[1].data<T>();
+    double s = 0;
+    for (std::int64_t i = 0; i < n; ++i) { double d = static_cast<double>(a[i]) - b[i]; s += d * d; }
+    if (k.attrs.reduction == Reduction::mean) s /= static_cast<double>(n);
+    k.out.data<T>()[0] = static_cast<T>(s);
+  });
+}
+void mse_bwd(BackwardArgs& a) {
+  double f = a.attrs.reduction == Reduction::mean ? 2.0 / static_cast<double>(a.in[0].numel()) : 2.0;
+  Var g = mul(mul_scalar(sub(a.in[0], a.in[1]), f), a.dout);
+  if (a.needs[0]) a.grad[0] = g;
+  if (a.needs[1]) a.grad[1] = neg(g);
+}
+const OpDef op_def_mse{.name = "mse", .args = "a,b", .arity = 2, .infer = infer_mse, .cpu = mse_cpu,
+                       .backward = mse_bwd, .saves = saves_input(0) | saves_input(1)};
+Var mse(const Operand& a, const Operand& b, Reduction reduction) {
+  Attrs at;
+  at.reduction = reduction;
+  return make_node(OpId::mse, {a, b}, at);
+}
+
+}  // namespace ad

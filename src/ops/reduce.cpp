@@ -1,0 +1,390 @@
+// Reductions (sum, mean, max over axes) and the per-axis softmax family.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+#include "core/math.hpp"
+
+namespace ad {
+
+namespace {
+// Sorted, unique, non-negative axes; empty means all.
+Shape norm_axes(const char* op, const Shape& axes, const Shape& s) {
+  bool on[kMaxRank] = {};
+  if (axes.empty()) for (int i = 0; i < s.rank(); ++i) on[i] = true;
+  for (auto a : axes) {
+    auto n = norm_axis(op, a, s);
+    if (on[n] && !axes.empty()) throw Error(fmt::format("{}: axis {} repeated in {} for shape {}", op, a, axes.str(), s.str()));
+    on[n] = true;
+  }
+  Shape r;
+  for (int i = 0; i < s.rank(); ++i) if (on[i]) r.push_back(i);
+  return r;
+}
+bool has_axis(const Shape& axes, int i) { return std::find(axes.begin(), axes.end(), i) != axes.end(); }
+Shape keepdim_shape(const Shape& s, const Shape& axes) {
+  Shape k = s;
+  for (auto a : axes) k[static_cast<int>(a)] = 1;
+  return k;
+}
+Meta infer_reduce(const InferArgs& a) {
+  check_float_same(a);
+  Meta m = a[0];
+  m.shape = Shape{};
+  for (int i = 0; i < a[0].shape.rank(); ++i) {
+    if (!has_axis(a.attrs.axes, i)) m.shape.push_back(a[0].shape[i]);
+    else if (a.attrs.keepdim) m.shape.push_back(1);
+  }
+  return m;
+}
+Attrs reduce_attrs(const char* op, const Operand& x, const Shape& axes, bool keepdim) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Attrs at;
+  at.axes = norm_axes(op, axes, s);
+  at.keepdim = keepdim;
+  return at;
+}
+// Reduces x over `axes` into y (laid out as the keepdim shape) with
+// init/step/finish. Suffix reductions (rows) accumulate in double; other
+// patterns walk x once in order (deterministic either way).
+template <class T, class Step>
+void reduce_into(const T* x, const Shape& xs, const Shape& axes, T* y, double init, Step step) {
+  std::int64_t n = xs.numel();
+  Shape ks = keepdim_shape(xs, axes);
+  std::int64_t ny = ks.numel();
+  bool suffix = true;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(axes.rank()); ++i)
+    if (axes[static_cast<int>(i)] != xs.rank() - axes.rank() + static_cast<std::int64_t>(i)) suffix = false;
+  if (suffix) {
+    std::int64_t len = ny ? n / ny : 0;
+    for (std::int64_t r = 0; r < ny; ++r) {
+      double acc = init;
+      const T* row = x + r * len;
+      for (std::int64_t j = 0; j < len; ++j) acc = step(acc, static_cast<double>(row[j]));
+      y[r] = static_cast<T>(acc);
+    }
+    return;
+  }
+  for (std::int64_t i = 0; i < ny; ++i) y[i] = static_cast<T>(init);
+  if (n == 0) return;
+  int r = xs.rank();
+  std::int64_t st[kMaxRank];
+  kernels::broadcast_strides(ks, xs, st);
+  std::int64_t idx[kMaxRank] = {0};
+  std::int64_t off = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[off] = static_cast<T>(step(static_cast<double>(y[off]), static_cast<double>(x[i])));
+    for (int q = r - 1; q >= 0; --q) {
+      if (++idx[q] < xs[q]) { off += st[q]; break; }
+      off -= st[q] * (xs[q] - 1);
+      idx[q] = 0;
+    }
+  }
+}
+std::int64_t reduced_count(const Shape& xs, const Shape& axes) {
+  std::int64_t c = 1;
+  for (auto a : axes) c *= xs[static_cast<int>(a)];
+  return c;
+}
+// dy (reduced shape) -> broadcast back to x's shape
+Var expand_back(const Var& dy, const Var& x, const Shape& axes) {
+  return broadcast_to(reshape(dy, keepdim_shape(x.shape(), axes)), x.shape());
+}
+
+// ---- per-axis layout: (outer, len, inner) ----
+struct Rows { std::int64_t outer, len, inner; };
+Rows rows_of(const Shape& s, std::int64_t axis) {
+  Rows r{1, s[static_cast<int>(axis)], 1};
+  for (int i = 0; i < axis; ++i) r.outer *= s[i];
+  for (int i = static_cast<int>(axis) + 1; i < s.rank(); ++i) r.inner *= s[i];
+  return r;
+}
+Meta infer_axis_same(const InferArgs& a) {
+  check_float_same(a);
+  if (a[0].shape.rank() == 0) fail_shapes(a, "needs rank >= 1");
+  return a[0];
+}
+// Calls f(x_row, stride, len, out_index) for every row along the axis.
+template <class F> void for_rows(const Rows& r, F f) {
+  for (std::int64_t o = 0; o < r.outer; ++o)
+    for (std::int64_t i = 0; i < r.inner; ++i) f(o * r.len * r.inner + i, r.inner, o * r.inner + i);
+}
+// Stable log-sum-exp of a strided row; -inf for an all -inf (or empty) row.
+template <class T> double row_lse(const T* x, std::int64_t base, std::int64_t stride, std::int64_t len) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < len; ++j) m = std::max(m, static_cast<double>(x[base + j * stride]));
+  if (!std::isfinite(m)) return m;  // all -inf row -> -inf; a +inf entry -> +inf; NaN stays
+  double s = 0;
+  for (std::int64_t j = 0; j < len; ++j) s += std::exp(static_cast<double>(x[base + j * stride]) - m);
+  return m + std::log(s);
+}
+}  // namespace
+
+// ---- sum ----  over axes; d/dx = broadcast of dy
+void sum_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "sum", [&](auto t) {
+    using T = decltype(t);
+    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, k.out.data<T>(), 0.0, [](double a, double v) { return a + v; });
+  });
+}
+void sum_bwd(BackwardArgs& a) { a.grad[0] = expand_back(a.dout, a.in[0], a.attrs.axes); }
+const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .backward = sum_bwd};
+Var sum(const Operand& x, const Shape& axes, bool keepdim) {
+  return make_node(OpId::sum, {x}, reduce_attrs("sum", x, axes, keepdim));
+}
+
+// ---- mean ----  sum / n; d/dx = dy / n
+void mean_cpu(const KernelArgs& k) {
+  double c = static_cast<double>(reduced_count(k[0].shape(), k.attrs.axes));
+  kernels::dispatch_float(k.out.dtype(), "mean", [&](auto t) {
+    using T = decltype(t);
+    T* y = k.out.data<T>();
+    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, y, 0.0, [](double a, double v) { return a + v; });
+    for (std::int64_t i = 0; i < k.out.numel(); ++i) y[i] = static_cast<T>(static_cast<double>(y[i]) / c);
+  });
+}
+void mean_bwd(BackwardArgs& a) {
+  double c = static_cast<double>(reduced_count(a.in[0].shape(), a.attrs.axes));
+  a.grad[0] = mul_scalar(expand_back(a.dout, a.in[0], a.attrs.axes), 1.0 / c);
+}
+const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = mean_cpu,
+                        .backward = mean_bwd};
+Var mean(const Operand& x, const Shape& axes, bool keepdim) {
+  return make_node(OpId::mean, {x}, reduce_attrs("mean", x, axes, keepdim));
+}
+
+// ---- max ----  over axes (NaN propagates); gradient to the first maximal element; saves input and output
+Meta infer_max(const InferArgs& a) {
+  Meta m = infer_reduce(a);
+  for (auto ax : a.attrs.axes)
+    if (a[0].shape[static_cast<int>(ax)] == 0) fail_shapes(a, fmt::format("max over empty axis {}", ax));
+  return m;
+}
+void max_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "max", [&](auto t) {
+    using T = decltype(t);
+    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, k.out.data<T>(), -std::numeric_limits<double>::infinity(),
+                [](double a, double v) { return (v > a || v != v) ? v : a; });
+  });
+}
+void max_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::max_backward, {a.in[0], a.out, a.dout}, a.attrs); }
+const OpDef op_def_max{.name = "max", .args = "x", .arity = 1, .infer = infer_max, .cpu = max_cpu, .backward = max_bwd,
+                       .saves = saves_input(0) | kSavesOutput};
+Var max(const Operand& x, const Shape& axes, bool keepdim) {
+  return make_node(OpId::max, {x}, reduce_attrs("max", x, axes, keepdim));
+}
+// ---- max_backward ----  (x, y, dy) -> dx: dy at the first x equal to y in each group, else 0.
+// Workspace: one flag per output ("already given").
+Meta infer_max_backward(const InferArgs& a) { check_float_same(a); return a[0]; }
+std::int64_t max_backward_ws(const InferArgs& a, const Meta&) { return a[1].shape.numel(); }
+void max_backward_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "max_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    const T* y = k[1].data<T>();
+    const T* dy = k[2].data<T>();
+    T* dx = k.out.data<T>();
+    auto* given = static_cast<unsigned char*>(k.workspace);
+    const Shape& xs = k[0].shape();
+    std::int64_t n = xs.numel();
+    std::memset(given, 0, static_cast<std::size_t>(k[1].numel()));
+    if (n == 0) return;
+    Shape ks = keepdim_shape(xs, k.attrs.axes);
+    int r = xs.rank();
+    std::int64_t st[kMaxRank];
+    kernels::broadcast_strides(ks, xs, st);
+    std::int64_t idx[kMaxRank] = {0};
+    std::int64_t off = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      bool hit = !given[off] && (x[i] == y[off] || (x[i] != x[i] && y[off] != y[off]));
+      dx[i] = hit ? dy[off] : T(0);
+      if (hit) given[off] = 1;
+      for (int q = r - 1; q >= 0; --q) {
+        if (++idx[q] < xs[q]) { off += st[q]; break; }
+        off -= st[q] * (xs[q] - 1);
+        idx[q] = 0;
+      }
+    }
+  });
+}
+const OpDef op_def_max_backward{.name = "max_backward", .args = "x,y,dy", .arity = 3, .infer = infer_max_backward,
+                                .cpu = max_backward_cpu, .no_grad = "double backward is not supported",
+                                .workspace = max_backward_ws};
+
+// ---- logsumexp ----  over one axis; all -inf row -> -inf; saves input and output
+Meta infer_logsumexp(const InferArgs& a) {
+  Meta m = infer_axis_same(a);
+  if (a.attrs.keepdim) m.shape[static_cast<int>(a.attrs.axis)] = 1;
+  else {
+    Shape s;
+    for (int i = 0; i < m.shape.rank(); ++i) if (i != a.attrs.axis) s.push_back(m.shape[i]);
+    m.shape = s;
+  }
+  return m;
+}
+void logsumexp_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "logsumexp", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    T* y = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t o) {
+      y[o] = static_cast<T>(row_lse(x, base, stride, r.len));
+    });
+  });
+}
+void logsumexp_bwd(BackwardArgs& a) {
+  a.grad[0] = make_node(OpId::logsumexp_backward, {a.in[0], a.out, a.dout}, a.attrs);
+}
+const OpDef op_def_logsumexp{.name = "logsumexp", .args = "x", .arity = 1, .infer = infer_logsumexp,
+                             .cpu = logsumexp_cpu, .backward = logsumexp_bwd, .saves = saves_input(0) | kSavesOutput};
+Var logsumexp(const Operand& x, int axis, bool keepdim) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Attrs at;
+  at.axis = norm_axis("logsumexp", axis, s);
+  at.keepdim = keepdim;
+  return make_node(OpId::logsumexp, {x}, at);
+}
+// ---- logsumexp_backward ----  (x, y, dy) -> dy exp(x - y); 0 where y = -inf
+Meta infer_logsumexp_backward(const InferArgs& a) { check_float_same(a); return a[0]; }
+void logsumexp_backward_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "logsumexp_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    const T* y = k[1].data<T>();
+    const T* dy = k[2].data<T>();
+    T* dx = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t o) {
+      T yo = y[o], g = dy[o];
+      bool dead = yo == -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        std::int64_t i = base + j * stride;
+        dx[i] = dead ? T(0) : g * math::exp_(x[i] - yo);
+      }
+    });
+  });
+}
+const OpDef op_def_logsumexp_backward{.name = "logsumexp_backward", .args = "x,y,dy", .arity = 3,
+                                      .infer = infer_logsumexp_backward, .cpu = logsumexp_backward_cpu,
+                                      .no_grad = "double backward is not supported"};
+
+// ---- softmax ----  exp(x - lse) along axis; all -inf row -> 0; saves output
+void softmax_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "softmax", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    T* y = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < r.len; ++j) m = std::max(m, x[base + j * stride]);
+      if (m == -std::numeric_limits<T>::infinity()) {
+        for (std::int64_t j = 0; j < r.len; ++j) y[base + j * stride] = T(0);
+        return;
+      }
+      double s = 0;
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        T e = math::exp_(x[base + j * stride] - m);
+        y[base + j * stride] = e;
+        s += static_cast<double>(e);
+      }
+      T inv = static_cast<T>(1.0 / s);
+      for (std::int64_t j = 0; j < r.len; ++j) y[base + j * stride] *= inv;
+    });
+  });
+}
+void softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::softmax_backward, {a.out, a.dout}, a.attrs); }
+const OpDef op_def_softmax{.name = "softmax", .args = "x", .arity = 1, .infer = infer_axis_same, .cpu = softmax_cpu,
+                           .backward = softmax_bwd, .saves = kSavesOutput};
+Var softmax(const Operand& x, int axis) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Attrs at;
+  at.axis = norm_axis("softmax", axis, s);
+  return make_node(OpId::softmax, {x}, at);
+}
+// ---- softmax_backward ----  (y, dy) -> y (dy - sum(dy y)) along axis
+Meta infer_softmax_backward(const InferArgs& a) {
+  check_float_same(a);
+  if (!(a[0].shape == a[1].shape)) fail_shapes(a, "shapes differ");
+  return a[0];
+}
+void softmax_backward_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "softmax_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* y = k[0].data<T>();
+    const T* dy = k[1].data<T>();
+    T* dx = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
+      double s = 0;
+      for (std::int64_t j = 0; j < r.len; ++j) s += static_cast<double>(dy[base + j * stride]) * y[base + j * stride];
+      T st = static_cast<T>(s);
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        std::int64_t i = base + j * stride;
+        dx[i] = y[i] * (dy[i] - st);
+      }
+    });
+  });
+}
+const OpDef op_def_softmax_backward{.name = "softmax_backward", .args = "y,dy", .arity = 2,
+                                    .infer = infer_softmax_backward, .cpu = softmax_backward_cpu,
+                                    .no_grad = "double backward is not supported"};
+
+// ---- log_softmax ----  x - lse along axis; all -inf row -> -inf; saves output
+void log_softmax_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "log_softmax", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    T* y = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
+      double lse = row_lse(x, base, stride, r.len);
+      bool dead = lse == -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        std::int64_t i = base + j * stride;
+        y[i] = dead ? -std::numeric_limits<T>::infinity() : static_cast<T>(static_cast<double>(x[i]) - lse);
+      }
+    });
+  });
+}
+void log_softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::log_softmax_backward, {a.out, a.dout}, a.attrs); }
+const OpDef op_def_log_softmax{.name = "log_softmax", .args = "x", .arity = 1, .infer = infer_axis_same,
+                               .cpu = log_softmax_cpu, .backward = log_softmax_bwd, .saves = kSavesOutput};
+Var log_softmax(const Operand& x, int axis) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Attrs at;
+  at.axis = norm_axis("log_softmax", axis, s);
+  return make_node(OpId::log_softmax, {x}, at);
+}
+// ---- log_softmax_backward ----  (y, dy) -> dy - exp(y) sum(dy); 0 on an all -inf row
+void log_softmax_backward_cpu(const KernelArgs& k) {
+  Rows r = rows_of(k[0].shape(), k.attrs.axis);
+  kernels::dispatch_float(k.out.dtype(), "log_softmax_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* y = k[0].data<T>();
+    const T* dy = k[1].data<T>();
+    T* dx = k.out.data<T>();
+    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
+      double s = 0;
+      bool dead = true;
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        s += static_cast<double>(dy[base + j * stride]);
+        dead = dead && y[base + j * stride] == -std::numeric_limits<T>::infinity();
+      }
+      T st = static_cast<T>(s);
+      for (std::int64_t j = 0; j < r.len; ++j) {
+        std::int64_t i = base + j * stride;
+        dx[i] = dead ? T(0) : dy[i] - math::exp_(y[i]) * st;
+      }
+    });
+  });
+}
+const OpDef op_def_log_softmax_backward{.name = "log_softmax_backward", .args = "y,dy", .arity = 2,
+                                        .infer = infer_softmax_backward, .cpu = log_softmax_backward_cpu,
+                                        .no_grad = "double backward is not supported"};
+
+}  // namespace ad

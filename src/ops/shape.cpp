@@ -1,0 +1,398 @@
+// Shape ops: reshape (a view), permute, broadcasting and its inverse, slices,
+// concatenation and gathers.
+#include <algorithm>
+#include <cstring>
+
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+
+namespace ad {
+
+namespace {
+// Elements before / at / after `axis`.
+struct AxisSplit { std::int64_t outer, len, inner; };
+AxisSplit split_at(const Shape& s, std::int64_t axis) {
+  AxisSplit r{1, s[static_cast<int>(axis)], 1};
+  for (int i = 0; i < axis; ++i) r.outer *= s[i];
+  for (int i = static_cast<int>(axis) + 1; i < s.rank(); ++i) r.inner *= s[i];
+  return r;
+}
+Meta infer_float_or_index(const InferArgs& a) {
+  if (a[0].dtype == DType::f16 || a[0].dtype == DType::bf16)
+    fail_shapes(a, "f16/bf16 are storage types; cast to f32 first");
+  return a[0];
+}
+}  // namespace
+
+// ---- reshape ----  same elements, new shape (one -1 inferred); a view of x
+Meta infer_reshape(const InferArgs& a) {
+  Shape s = a.attrs.shape;
+  int infer_at = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < s.rank(); ++i) {
+    if (s[i] == -1) {
+      if (infer_at >= 0) fail_shapes(a, fmt::format("more than one -1 in target shape {}", s.str()));
+      infer_at = i;
+    } else if (s[i] < 0) {
+      fail_shapes(a, fmt::format("negative dim in target shape {}", s.str()));
+    } else {
+      known *= s[i];
+    }
+  }
+  std::int64_t n = a[0].shape.numel();
+  if (infer_at >= 0) {
+    if (known == 0 || n % known != 0) fail_shapes(a, fmt::format("cannot reshape to {}", s.str()));
+    s[infer_at] = n / known;
+  }
+  if (s.numel() != n) fail_shapes(a, fmt::format("cannot reshape to {} ({} elements)", s.str(), s.numel()));
+  return Meta{s, a[0].dtype, a[0].device};
+}
+void reshape_cpu(const KernelArgs& k) { k.out = k[0].reshape(k.out_meta.shape); }
+void reshape_bwd(BackwardArgs& a) { a.grad[0] = reshape(a.dout, a.in[0].shape()); }
+const OpDef op_def_reshape{.name = "reshape", .args = "x", .arity = 1, .infer = infer_reshape, .cpu = reshape_cpu,
+                           .backward = reshape_bwd, .flops = [](const InferArgs&, const Meta&) { return 0.0; },
+                           .view = true};
+Var reshape(const Operand& x, const Shape& shape) {
+  Attrs at;
+  at.shape = shape;
+  Var v = make_node(OpId::reshape, {x}, at);
+  return v;
+}
+
+// ---- permute ----  out.shape[i] = x.shape[perm[i]]
+Meta infer_permute(const InferArgs& a) {
+  const Shape& p = a.attrs.axes;
+  int r = a[0].shape.rank();
+  if (p.rank() != r) fail_shapes(a, fmt::format("permutation {} has the wrong length", p.str()));
+  bool seen[kMaxRank] = {};
+  Meta m = a[0];
+  for (int i = 0; i < r; ++i) {
+    if (p[i] < 0 || p[i] >= r || seen[p[i]]) fail_shapes(a, fmt::format("{} is not a permutation", p.str()));
+    seen[p[i]] = true;
+    m.shape[i] = a[0].shape[static_cast<int>(p[i])];
+  }
+  return m;
+}
+template <class T> void permute_impl(const T* x, const Shape& xs, const Shape& perm, T* y, const Shape& ys) {
+  int r = ys.rank();
+  std::int64_t n = ys.numel();
+  if (n == 0) return;
+  if (r == 0) { y[0] = x[0]; return; }
+  std::int64_t xst[kMaxRank], st[kMaxRank];
+  kernels::contiguous_strides(xs, xst);
+  for (int i = 0; i < r; ++i) st[i] = xst[perm[i]];
+  std::int64_t inner = ys[r - 1], is = st[r - 1];
+  std::int64_t idx[kMaxRank] = {0};
+  std::int64_t off = 0;
+  for (std::int64_t o = 0; o < n / inner; ++o) {
+    T* yo = y + o * inner;
+    for (std::int64_t i = 0; i < inner; ++i) yo[i] = x[off + i * is];
+    for (int k = r - 2; k >= 0; --k) {
+      if (++idx[k] < ys[k]) { off += st[k]; break; }
+      off -= st[k] * (ys[k] - 1);
+      idx[k] = 0;
+    }
+  }
+}
+void permute_cpu(const KernelArgs& k) {
+  switch (k.out.dtype()) {
+    case DType::f32: permute_impl(k[0].data<float>(), k[0].shape(), k.attrs.axes, k.out.data<float>(), k.out.shape()); break;
+    case DType::f64: permute_impl(k[0].data<double>(), k[0].shape(), k.attrs.axes, k.out.data<double>(), k.out.shape()); break;
+    case DType::i64: permute_impl(k[0].data<std::int64_t>(), k[0].shape(), k.attrs.axes, k.out.data<std::int64_t>(), k.out.shape()); break;
+    default: kernel_fail("permute", fmt::format("no CPU kernel for dtype {}", dtype_name(k.out.dtype())));
+  }
+}
+void permute_bwd(BackwardArgs& a) {
+  Shape inv = a.attrs.axes;
+  for (int i = 0; i < inv.rank(); ++i) inv[static_cast<int>(a.attrs.axes[i])] = i;
+  a.grad[0] = permute(a.dout, inv);
+}
+const OpDef op_def_permute{.name = "permute", .args = "x", .arity = 1, .infer = infer_permute, .cpu = permute_cpu,
+                           .backward = permute_bwd};
+Var permute(const Operand& x, const Shape& perm) {
+  Attrs at;
+  at.axes = perm;
+  return make_node(OpId::permute, {x}, at);
+}
+Var transpose(const Operand& x, int dim0, int dim1) {
+  // resolve the rank through a node-free peek: the operand's shape
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  int r = s.rank();
+  auto d0 = norm_axis("transpose", dim0, s), d1 = norm_axis("transpose", dim1, s);
+  Shape perm;
+  for (int i = 0; i < r; ++i) perm.push_back(i);
+  std::swap(perm[static_cast<int>(d0)], perm[static_cast<int>(d1)]);
+  return permute(x, perm);
+}
+
+// ---- broadcast_to ----  numpy broadcast of x to attrs.shape
+Meta infer_broadcast_to(const InferArgs& a) {
+  check_float_same(a);
+  Shape out;
+  if (!broadcast_shapes(a[0].shape, a.attrs.shape, out) || !(out == a.attrs.shape))
+    fail_shapes(a, fmt::format("cannot broadcast to {}", a.attrs.shape.str()));
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void broadcast_to_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "broadcast_to", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    kernels::broadcast2(x, k[0].shape(), x, k[0].shape(), k.out.data<T>(), k.out.shape(), [](T u, T) { return u; });
+  });
+}
+void broadcast_to_bwd(BackwardArgs& a) { a.grad[0] = sum_to(a.dout, a.in[0].shape()); }
+const OpDef op_def_broadcast_to{.name = "broadcast_to", .args = "x", .arity = 1, .infer = infer_broadcast_to,
+                                .cpu = broadcast_to_cpu, .backward = broadcast_to_bwd};
+Var broadcast_to(const Operand& x, const Shape& shape) {
+  Attrs at;
+  at.shape = shape;
+  return make_node(OpId::broadcast_to, {x}, at);
+}
+
+// ---- sum_to ----  sums x down to attrs.shape (which must broadcast to x's shape)
+Meta infer_sum_to(const InferArgs& a) {
+  check_float_same(a);
+  Shape out;
+  if (a.attrs.shape.rank() > a[0].shape.rank() || !broadcast_shapes(a.attrs.shape, a[0].shape, out) ||
+      !(out == a[0].shape))
+    fail_shapes(a, fmt::format("cannot sum to {}", a.attrs.shape.str()));
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void sum_to_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "sum_to", [&](auto t) {
+    using T = decltype(t);
+    const T* x = k[0].data<T>();
+    T* y = k.out.data<T>();
+    const Shape& xs = k[0].shape();
+    std::int64_t n = xs.numel();
+    std::fill(y, y + k.out.numel(), T(0));
+    if (n == 0) return;
+    int r = xs.rank();
+    if (r == 0) { y[0] = x[0]; return; }
+    std::int64_t st[kMaxRank];
+    kernels::broadcast_strides(k.out.shape(), xs, st);
+    std::int64_t inner = xs[r - 1], is = st[r - 1];
+    std::int64_t idx[kMaxRank] = {0};
+    std::int64_t off = 0;
+    for (std::int64_t o = 0; o < n / inner; ++o) {
+      const T* xo = x + o * inner;
+      if (is) for (std::int64_t i = 0; i < inner; ++i) y[off + i] += xo[i];
+      else { T s = 0; for (std::int64_t i = 0; i < inner; ++i) s += xo[i]; y[off] += s; }
+      for (int q = r - 2; q >= 0; --q) {
+        if (++idx[q] < xs[q]) { off += st[q]; break; }
+        off -= st[q] * (xs[q] - 1);
+        idx[q] = 0;
+      }
+    }
+  });
+}
+void sum_to_bwd(BackwardArgs& a) { a.grad[0] = broadcast_to(a.dout, a.in[0].shape()); }
+const OpDef op_def_sum_to{.name = "sum_to", .args = "x", .arity = 1, .infer = infer_sum_to, .cpu = sum_to_cpu,
+                          .backward = sum_to_bwd};
+Var sum_to(const Operand& x, const Shape& shape) {
+  Attrs at;
+  at.shape = shape;
+  return make_node(OpId::sum_to, {x}, at);
+}
+
+// ---- slice ----  x[..., start:stop, ...] along axis
+Meta infer_slice(const InferArgs& a) {
+  infer_float_or_index(a);
+  if (a[0].shape.rank() == 0) fail_shapes(a, "cannot slice a scalar");
+  Meta m = a[0];
+  m.shape[static_cast<int>(a.attrs.axis)] = a.attrs.stop - a.attrs.start;
+  return m;
+}
+void slice_cpu(const KernelArgs& k) {
+  AxisSplit s = split_at(k[0].shape(), k.attrs.axis);
+  std::int64_t len = k.attrs.stop - k.attrs.start;
+  auto es = dtype_size(k.out.dtype());
+  auto* src = static_cast<const char*>(k[0].raw());
+  auto* dst = static_cast<char*>(k.out.raw());
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    std::memcpy(dst + static_cast<std::size_t>(o * len * s.inner) * es,
+                src + static_cast<std::size_t>((o * s.len + k.attrs.start) * s.inner) * es,
+                static_cast<std::size_t>(len * s.inner) * es);
+}
+void slice_bwd(BackwardArgs& a) {
+  Attrs at = a.attrs;
+  at.shape = a.in[0].shape();
+  a.grad[0] = make_node(OpId::slice_backward, {a.dout}, at);
+}
+const OpDef op_def_slice{.name = "slice", .args = "x", .arity = 1, .infer = infer_slice, .cpu = slice_cpu,
+                         .backward = slice_bwd};
+Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  if (s.rank() == 0) throw Error(fmt::format("slice: cannot slice a scalar {}", s.str()));
+  auto ax = norm_axis("slice", axis, s);
+  std::int64_t n = s[static_cast<int>(ax)];
+  if (start < 0) start += n;
+  if (stop < 0) stop += n;
+  stop = std::min(stop, n);
+  if (start < 0 || start > n || stop < start)
+    throw Error(fmt::format("slice: range [{}, {}) invalid for dim {} of size {} in {}", start, stop, ax, n, s.str()));
+  Attrs at;
+  at.axis = ax;
+  at.start = start;
+  at.stop = stop;
+  return make_node(OpId::slice, {x}, at);
+}
+// ---- slice_backward ----  dy -> zeros of attrs.shape with dy placed at [start, stop); linear, its gradient is slice
+Meta infer_slice_backward(const InferArgs& a) {
+  check_float_same(a);
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void slice_backward_cpu(const KernelArgs& k) {
+  std::memset(k.out.raw(), 0, k.out.nbytes());
+  AxisSplit s = split_at(k.out.shape(), k.attrs.axis);
+  std::int64_t len = k.attrs.stop - k.attrs.start;
+  auto es = dtype_size(k.out.dtype());
+  auto* src = static_cast<const char*>(k[0].raw());
+  auto* dst = static_cast<char*>(k.out.raw());
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    std::memcpy(dst + static_cast<std::size_t>((o * s.len + k.attrs.start) * s.inner) * es,
+                src + static_cast<std::size_t>(o * len * s.inner) * es, static_cast<std::size_t>(len * s.inner) * es);
+}
+void slice_backward_bwd(BackwardArgs& a) {
+  a.grad[0] = slice(a.dout, static_cast<int>(a.attrs.axis), a.attrs.start, a.attrs.stop);
+}
+const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity = 1,
+                                  .infer = infer_slice_backward, .cpu = slice_backward_cpu,
+                                  .backward = slice_backward_bwd};
+
+// ---- concat ----  joins along axis; other dims equal
+Meta infer_concat(const InferArgs& a) {
+  if (a[0].dtype != DType::i64) check_float_same(a);
+  int r = a[0].shape.rank();
+  if (r == 0) fail_shapes(a, "cannot concatenate scalars");
+  auto axis = a.attrs.axis;
+  Meta m = a[0];
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    const Shape& s = a[i].shape;
+    if (a[i].dtype != a[0].dtype) fail_shapes(a, "dtype mismatch");
+    if (s.rank() != r) fail_shapes(a, "ranks differ");
+    for (int d = 0; d < r; ++d)
+      if (d != axis && s[d] != a[0].shape[d]) fail_shapes(a, fmt::format("dim {} differs", d));
+    total += s[static_cast<int>(axis)];
+  }
+  m.shape[static_cast<int>(axis)] = total;
+  return m;
+}
+void concat_cpu(const KernelArgs& k) {
+  AxisSplit so = split_at(k.out.shape(), k.attrs.axis);
+  auto es = dtype_size(k.out.dtype());
+  auto* dst = static_cast<char*>(k.out.raw());
+  std::int64_t off = 0;
+  for (const Tensor* t : k.in) {
+    std::int64_t len = t->shape()[static_cast<int>(k.attrs.axis)];
+    auto* src = static_cast<const char*>(t->raw());
+    for (std::int64_t o = 0; o < so.outer; ++o)
+      std::memcpy(dst + static_cast<std::size_t>((o * so.len + off) * so.inner) * es,
+                  src + static_cast<std::size_t>(o * len * so.inner) * es, static_cast<std::size_t>(len * so.inner) * es);
+    off += len;
+  }
+}
+void concat_bwd(BackwardArgs& a) {
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    std::int64_t len = a.in[i].shape()[static_cast<int>(a.attrs.axis)];
+    if (a.needs[i]) a.grad[i] = slice(a.dout, static_cast<int>(a.attrs.axis), off, off + len);
+    off += len;
+  }
+}
+const OpDef op_def_concat{.name = "concat", .args = "...", .arity = -1, .infer = infer_concat, .cpu = concat_cpu,
+                          .backward = concat_bwd};
+Var concat(const std::vector<Var>& xs, int axis) {
+  if (xs.empty()) throw Error("concat: no inputs");
+  for (const auto& x : xs)
+    if (!x.defined()) throw Error("concat: an input is an undefined Var");
+  Attrs at;
+  at.axis = norm_axis("concat", axis, xs[0].shape());
+  std::vector<Operand> ops(xs.begin(), xs.end());
+  return make_node(OpId::concat, ops, at);
+}
+
+// ---- gather ----  x [..., V, ...] (V at axis), index i64 [I...] -> [..., I..., ...]
+Meta infer_gather(const InferArgs& a) {
+  infer_float_or_index(a);
+  check_index(a, 1);
+  const Shape& xs = a[0].shape;
+  if (xs.rank() == 0) fail_shapes(a, "cannot gather from a scalar");
+  auto axis = static_cast<int>(a.attrs.axis);
+  Shape out;
+  for (int i = 0; i < axis; ++i) out.push_back(xs[i]);
+  for (auto d : a[1].shape) out.push_back(d);
+  for (int i = axis + 1; i < xs.rank(); ++i) out.push_back(xs[i]);
+  return Meta{out, a[0].dtype, a[0].device};
+}
+void gather_cpu(const KernelArgs& k) {
+  AxisSplit s = split_at(k[0].shape(), k.attrs.axis);
+  const std::int64_t* idx = k[1].data<std::int64_t>();
+  std::int64_t ni = k[1].numel();
+  auto es = dtype_size(k.out.dtype());
+  auto* src = static_cast<const char*>(k[0].raw());
+  auto* dst = static_cast<char*>(k.out.raw());
+  for (std::int64_t j = 0; j < ni; ++j)
+    if (idx[j] < 0 || idx[j] >= s.len)
+      kernel_fail("gather", fmt::format("index {} at position {} out of range [0, {}) for x {}", idx[j], j, s.len,
+                                        k[0].shape().str()));
+  std::size_t row = static_cast<std::size_t>(s.inner) * es;
+  for (std::int64_t o = 0; o < s.outer; ++o)
+    for (std::int64_t j = 0; j < ni; ++j)
+      std::memcpy(dst + static_cast<std::size_t>(o * ni + j) * row, src + static_cast<std::size_t>(o * s.len + idx[j]) * row,
+                  row);
+}
+void gather_bwd(BackwardArgs& a) {
+  Attrs at = a.attrs;
+  at.shape = a.in[0].shape();
+  a.grad[0] = make_node(OpId::gather_backward, {a.dout, a.in[1]}, at);
+}
+const OpDef op_def_gather{.name = "gather", .args = "x,index", .arity = 2, .infer = infer_gather, .cpu = gather_cpu,
+                          .backward = gather_bwd, .saves = saves_input(1)};
+Var gather(const Operand& x, const Operand& index, int axis) {
+  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Attrs at;
+  at.axis = s.rank() ? norm_axis("gather", axis, s) : 0;
+  return make_node(OpId::gather, {x, index}, at);
+}
+Var embedding(const Operand& table, const Operand& ids) {
+  Shape s = table.param() ? table.param()->value.shape() : table.var().shape();
+  if (s.rank() != 2) throw Error(fmt::format("embedding: table must be [V, D], got {}", s.str()));
+  return gather(table, ids, 0);
+}
+// ---- gather_backward ----  (dy, index) -> zeros of attrs.shape with dy rows added at index (scatter-add);
+// linear in dy, its gradient is gather
+Meta infer_gather_backward(const InferArgs& a) {
+  if (!is_compute_float(a[0].dtype)) fail_shapes(a, "dy must be f32 or f64");
+  check_index(a, 1);
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void gather_backward_cpu(const KernelArgs& k) {
+  AxisSplit s = split_at(k.out.shape(), k.attrs.axis);
+  const std::int64_t* idx = k[1].data<std::int64_t>();
+  std::int64_t ni = k[1].numel();
+  kernels::dispatch_float(k.out.dtype(), "gather_backward", [&](auto t) {
+    using T = decltype(t);
+    const T* dy = k[0].data<T>();
+    T* dx = k.out.data<T>();
+    std::fill(dx, dx + k.out.numel(), T(0));
+    for (std::int64_t j = 0; j < ni; ++j)
+      if (idx[j] < 0 || idx[j] >= s.len)
+        kernel_fail("gather_backward", fmt::format("index {} at position {} out of range [0, {})", idx[j], j, s.len));
+    for (std::int64_t o = 0; o < s.outer; ++o)
+      for (std::int64_t j = 0; j < ni; ++j) {
+        T* d = dx + (o * s.len + idx[j]) * s.inner;
+        const T* g = dy + (o * ni + j) * s.inner;
+        for (std::int64_t i = 0; i < s.inner; ++i) d[i] += g[i];
+      }
+  });
+}
+void gather_backward_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = gather(a.dout, a.in[1], static_cast<int>(a.attrs.axis));
+}
+const OpDef op_def_gather_backward{.name = "gather_backward", .args = "dy,index", .arity = 2,
+                                   .infer = infer_gather_backward, .cpu = gather_backward_cpu,
+                                   .backward = gather_backward_bwd, .saves = saves_input(1)};
+
+}  // namespace ad
