@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
@@ -25,7 +26,10 @@ void run_compute(GraphImpl& g, std::int32_t id, std::vector<const Tensor*>& ins)
   if (nd.meta.device.kind != DeviceKind::cpu)
     throw Error(fmt::format("{}: no kernel for device kind {} in this build", def.name, static_cast<int>(nd.meta.device.kind)));
   Tensor out;
-  if (!def.view) out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g.alloc);
+  if (!def.view) {
+    out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g.alloc);
+    if (g.poison_outputs && out.nbytes()) std::memset(out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
+  }
   std::unique_ptr<Storage> ws;  // counted by the graph's allocator, freed after the kernel
   if (def.workspace) {
     std::vector<const Meta*> metas;

@@ -129,6 +129,9 @@ class GraphImpl {
   // backward(): loss id -> gradient sinks built for it (reused by later calls)
   struct GradCacheEntry { std::int32_t seed; std::vector<Sink> sinks; };
   std::unordered_map<std::int32_t, GradCacheEntry> grad_cache;
+  // Testing aid: fill every output with a NaN/garbage pattern before its
+  // kernel runs, so a kernel that leaves elements unwritten is caught.
+  bool poison_outputs = false;
 };
 
 // Builds a node: resolves the graph of the operands, infers the output meta
