@@ -1,0 +1,24 @@
+// Fits y = 3x - 1 with one Parameter pair; exits 0 when the fit is close.
+#include <ad/ad.hpp>
+
+#include <cmath>
+
+int main() {
+  ad::Rng rng(3);
+  ad::Parameter w = ad::Parameter::zeros({1, 1}), b = ad::Parameter::zeros({1});
+  ad::Tensor x = ad::Tensor::randn({32, 1}, rng);
+  ad::Tensor y = ad::Tensor::empty({32, 1});
+  for (int i = 0; i < 32; ++i) y.data<float>()[i] = 3.0f * x.data<float>()[i] - 1.0f;
+  for (int step = 0; step < 200; ++step) {
+    ad::Graph g;
+    auto loss = ad::mse(ad::add(ad::matmul(g.input(x), w), b), g.input(y));
+    ad::backward(loss);
+    for (auto* p : {&w, &b}) {
+      p->value().data<float>()[0] -= 0.1f * p->grad().data<float>()[0];
+      p->zero_grad();
+    }
+  }
+  float wf = w.value().data<float>()[0], bf = b.value().data<float>()[0];
+  fmt::print("ad {}: w = {:.4f}, b = {:.4f}\n", ad::kVersionString, wf, bf);
+  return std::fabs(wf - 3.0f) < 1e-3f && std::fabs(bf + 1.0f) < 1e-3f ? 0 : 1;
+}
