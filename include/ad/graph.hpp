@@ -74,8 +74,9 @@ class Var {
   DType dtype() const;
   Device device() const;
   bool has_value() const;
-  // The node's value, computing it (and any freed inputs) if absent.
-  const Tensor& value() const;
+  // The node's value, computing it (and any freed inputs) if absent. The
+  // returned handle shares the node's storage.
+  Tensor value() const;
   // "matmul#7 f32[64,256]"
   std::string str() const;
 
@@ -122,7 +123,8 @@ class Operand {
   ParamState* p_ = nullptr;
 };
 
-// Computes `x` now (and any freed inputs it needs); returns its value.
-const Tensor& eval(const Var& x);
+// Computes `x` now (and any freed inputs it needs); returns its value (a
+// handle sharing the node's storage).
+Tensor eval(const Var& x);
 
 }  // namespace ad

@@ -75,7 +75,7 @@ RunStats execute(GraphImpl& g, const Schedule& s) {
   return r;
 }
 
-const Tensor& eval(const Var& x) {
+Tensor eval(const Var& x) {
   if (!x.defined()) throw Error("eval: undefined Var");
   GraphImpl& g = *x.graph();
   if (!g.node(x.id()).value.defined()) {

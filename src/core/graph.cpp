@@ -111,7 +111,7 @@ std::int64_t Var::dim(int i) const {
   if (i < -s.rank() || i >= s.rank()) throw Error(fmt::format("Var::dim: index {} out of range for shape {}", i, s.str()));
   return s[i < 0 ? i + s.rank() : i];
 }
-const Tensor& Var::value() const { return eval(*this); }
+Tensor Var::value() const { return eval(*this); }
 std::string Var::str() const {
   const Node& n = checked_node(*this);
   return fmt::format("{}#{} {}", op_def(n.op).name, id_, describe(n.meta));
