@@ -31,13 +31,9 @@ Schedule plan_keep_all(const GraphImpl& g, const std::vector<std::int32_t>& targ
   auto n = static_cast<std::size_t>(hi) + 1;
 
   // needed: ancestors of targets/sinks that hold no value
-  std::vector<char> needed(n, 0), is_target(n, 0);
-  std::vector<std::int32_t> sink_of(n, -1);
+  std::vector<char> needed(n, 0), is_target(n, 0), is_sink(n, 0);
   for (auto t : targets) { needed[static_cast<std::size_t>(t)] = 1; is_target[static_cast<std::size_t>(t)] = 1; }
-  for (std::size_t i = 0; i < sinks.size(); ++i) {
-    needed[static_cast<std::size_t>(sinks[i].node)] = 1;
-    sink_of[static_cast<std::size_t>(sinks[i].node)] = static_cast<std::int32_t>(i);
-  }
+  for (const auto& sk : sinks) needed[static_cast<std::size_t>(sk.node)] = is_sink[static_cast<std::size_t>(sk.node)] = 1;
   for (std::int32_t id = hi; id >= 0; --id) {
     auto u = static_cast<std::size_t>(id);
     if (!needed[u]) continue;
@@ -57,14 +53,24 @@ Schedule plan_keep_all(const GraphImpl& g, const std::vector<std::int32_t>& targ
     if (!needed[u] || is_target[u]) continue;
     if (last_use[u] >= 0) frees_after[static_cast<std::size_t>(last_use[u])].push_back(id);
   }
-  for (std::size_t i = 0; i < sinks.size(); ++i) s.sinks.push_back(sinks[i].param);
   s.steps.reserve(3 * n);
+  // A sink may feed several parameters (e.g. loss = p + q shares one
+  // gradient node), and may already hold a value (then it is not recomputed).
+  auto accumulate = [&](std::int32_t id) {
+    for (std::size_t i = 0; i < sinks.size(); ++i)
+      if (sinks[i].node == id) s.steps.push_back({Step::Kind::accumulate, id, static_cast<std::int32_t>(i)});
+  };
+  for (std::size_t i = 0; i < sinks.size(); ++i) s.sinks.push_back(sinks[i].param);
+  for (std::int32_t id = 0; id <= hi; ++id) {
+    auto u = static_cast<std::size_t>(id);
+    if (is_sink[u] && !needed[u]) accumulate(id);  // value present before the run
+  }
   for (std::int32_t id = 0; id <= hi; ++id) {
     auto u = static_cast<std::size_t>(id);
     if (!needed[u]) continue;
     s.steps.push_back({Step::Kind::compute, id});
-    if (sink_of[u] >= 0) {
-      s.steps.push_back({Step::Kind::accumulate, id, sink_of[u]});
+    if (is_sink[u]) {
+      accumulate(id);
       if (!is_target[u] && last_use[u] < 0) s.steps.push_back({Step::Kind::free, id});
     }
     for (auto f : frees_after[u]) s.steps.push_back({Step::Kind::free, f});
