@@ -76,8 +76,10 @@ Var embedding(const Operand& table, const Operand& ids);
 // ---- reductions ----
 // Over `axes` (empty = all axes); keepdim keeps reduced dims as 1.
 Var sum(const Operand& x, const Shape& axes = {}, bool keepdim = false);
+// mean: throws ad::Error if a reduced axis is empty (no value; sum gives 0).
 Var mean(const Operand& x, const Shape& axes = {}, bool keepdim = false);
-// Maximum; the gradient flows to the first maximal element.
+// Maximum; the gradient flows to the first maximal element. Throws ad::Error
+// if a reduced axis is empty.
 Var max(const Operand& x, const Shape& axes = {}, bool keepdim = false);
 // log sum exp over `axis`, stable for large |x|. A row of all -inf gives
 // -inf, with gradient 0.

@@ -51,6 +51,9 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
 
 // Simulates `s` from static sizes: the maximum, over the run, of bytes
 // allocated in the graph's allocator above what was live when it started.
+// Values already present count with their real storage (shared by views;
+// never released while the user holds a copy). Throws ad::Error for a step
+// the executor would reject (an input or accumulated node holding no value).
 std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s);
 
 // Counters of one executed schedule.
@@ -63,7 +66,9 @@ struct RunStats {
 };
 
 // Runs `s` on the graph's nodes. Throws ad::Error (naming the op and shapes)
-// if a kernel rejects its data (e.g. an index out of range).
+// if a kernel rejects its data (e.g. an index out of range), or if a step is
+// invalid (an input or accumulated node holding no value, a gradient whose
+// shape or dtype differs from its parameter's).
 RunStats execute(GraphImpl& g, const Schedule& s);
 
 // What backward() (and eval) report about a step.

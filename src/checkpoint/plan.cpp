@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/graph_impl.hpp"
 
@@ -92,44 +93,86 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   return s;
 }
 
-// Storage-exact simulation: a view op's value shares its input's storage, so
-// bytes are released only when the last node holding that storage is freed.
-// Leaves hold user memory, which the graph's allocator does not count.
+// Storage-exact simulation, replaying what the executor allocates. Each
+// allocation is a storage instance with a reference count: computing a
+// non-view node makes a new instance; a view node references its input's
+// current instance; a node's previous value is released after its new one is
+// made; a free drops the node's reference. So a base recomputed while a view
+// still holds its old storage costs new bytes, as it does at run time.
+// Values present before the run keep their real storage: they count only if
+// the graph's allocator holds them, and one also held outside the graph (the
+// user kept a copy of the Tensor) is never released by a free.
 std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
+  struct Instance { std::int64_t bytes; std::int32_t refs; bool pinned; };
   std::size_t n = g.nodes.size();
-  std::vector<std::int32_t> owner(n);
-  std::vector<std::int64_t> bytes(n, 0);
-  std::vector<std::int32_t> refs(n, 0);
+  std::vector<Instance> inst;
+  std::vector<std::int32_t> holds(n, -1);  // instance held by each node's value
+  std::unordered_map<const Storage*, std::int32_t> existing;
   for (std::size_t i = 0; i < n; ++i) {
-    const Node& nd = g.nodes[i];
-    const OpDef& def = op_def(nd.op);
-    owner[i] = def.view ? owner[static_cast<std::size_t>(nd.inputs[0])] : static_cast<std::int32_t>(i);
-    if (!def.view && !g.is_leaf(static_cast<std::int32_t>(i))) bytes[i] = static_cast<std::int64_t>(nd.meta.nbytes());
-    if (nd.value.defined()) ++refs[static_cast<std::size_t>(owner[i])];
+    const Tensor& v = g.nodes[i].value;
+    if (!v.defined()) continue;
+    const Storage* st = v.storage().get();
+    auto [it, fresh] = existing.try_emplace(st, static_cast<std::int32_t>(inst.size()));
+    if (fresh)
+      inst.push_back({st->allocator() == g.alloc ? static_cast<std::int64_t>(st->bytes()) : 0, 0, false});
+    ++inst[static_cast<std::size_t>(it->second)].refs;
+    holds[i] = it->second;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (holds[i] < 0) continue;
+    Instance& in = inst[static_cast<std::size_t>(holds[i])];
+    in.pinned = g.nodes[i].value.storage().use_count() > in.refs;
   }
   std::int64_t live = 0, peak = 0;
+  auto release = [&](std::int32_t k) {
+    if (k < 0) return;
+    Instance& in = inst[static_cast<std::size_t>(k)];
+    if (--in.refs == 0 && !in.pinned) live -= in.bytes;
+  };
+  auto name = [&](std::int32_t id) { return fmt::format("{}#{}", op_def(g.node(id).op).name, id); };
   std::vector<const Meta*> metas;
   for (const Step& st : s.steps) {
+    if (st.node < 0 || static_cast<std::size_t>(st.node) >= n)
+      throw Error(fmt::format("simulate_peak: a step names node {}, not a node of the graph", st.node));
     auto u = static_cast<std::size_t>(st.node);
-    auto o = static_cast<std::size_t>(owner[u]);
     switch (st.kind) {
       case Step::Kind::compute: {
         const Node& nd = g.nodes[u];
         const OpDef& def = op_def(nd.op);
-        if (refs[o]++ == 0) live += bytes[o];
+        if (!def.cpu)
+          throw Error(fmt::format("simulate_peak: {} is a leaf and cannot be computed (bad schedule)", name(st.node)));
+        for (auto in : nd.inputs)
+          if (holds[static_cast<std::size_t>(in)] < 0)
+            throw Error(fmt::format("simulate_peak: {} needs input {} which holds no value (bad schedule)",
+                                    name(st.node), name(in)));
+        std::int32_t now;
+        if (def.view) {
+          now = holds[static_cast<std::size_t>(nd.inputs[0])];
+          ++inst[static_cast<std::size_t>(now)].refs;
+        } else {
+          now = static_cast<std::int32_t>(inst.size());
+          inst.push_back({static_cast<std::int64_t>(nd.meta.nbytes()), 1, false});
+          live += inst.back().bytes;
+        }
         std::int64_t ws = 0;
         if (def.workspace) {
           metas.clear();
           for (auto in : nd.inputs) metas.push_back(&g.node(in).meta);
-          ws = def.workspace(InferArgs{def, metas, nd.attrs}, nd.meta);
+          ws = std::max<std::int64_t>(def.workspace(InferArgs{def, metas, nd.attrs}, nd.meta), 0);
         }
         peak = std::max(peak, live + ws);
+        release(holds[u]);  // the executor replaces the old value after making the new one
+        holds[u] = now;
         break;
       }
       case Step::Kind::free:
-        if (--refs[o] == 0) live -= bytes[o];
+        release(holds[u]);
+        holds[u] = -1;
         break;
-      case Step::Kind::accumulate: break;
+      case Step::Kind::accumulate:
+        if (holds[u] < 0)
+          throw Error(fmt::format("simulate_peak: accumulate of {} which holds no value (bad schedule)", name(st.node)));
+        break;
     }
   }
   return peak;

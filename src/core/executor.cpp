@@ -45,6 +45,9 @@ void run_compute(GraphImpl& g, std::int32_t id, std::vector<const Tensor*>& ins)
 
 void accumulate_into(const Parameter& p, const Tensor& v) {
   ParamState& s = *p.state();
+  if (!(v.shape() == s.value.shape()) || v.dtype() != s.value.dtype())
+    throw Error(fmt::format("execute: gradient {}{} does not match parameter {}{}", dtype_name(v.dtype()),
+                            v.shape().str(), dtype_name(s.value.dtype()), s.value.shape().str()));
   if (!s.grad.defined()) {
     s.grad = v.clone(default_allocator(v.device()));
     return;
@@ -59,6 +62,8 @@ RunStats execute(GraphImpl& g, const Schedule& s) {
   r.baseline_bytes = g.alloc->reset_peak();
   std::vector<const Tensor*> ins;
   for (const Step& st : s.steps) {
+    if (st.node < 0 || static_cast<std::size_t>(st.node) >= g.nodes.size())
+      throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
     Node& nd = g.node(st.node);
     switch (st.kind) {
       case Step::Kind::compute:
@@ -67,7 +72,15 @@ RunStats execute(GraphImpl& g, const Schedule& s) {
         ++r.computed_nodes;
         break;
       case Step::Kind::free: nd.value = Tensor{}; break;
-      case Step::Kind::accumulate: accumulate_into(s.sinks[static_cast<std::size_t>(st.aux)], nd.value); break;
+      case Step::Kind::accumulate:
+        if (st.aux < 0 || static_cast<std::size_t>(st.aux) >= s.sinks.size() ||
+            !s.sinks[static_cast<std::size_t>(st.aux)].defined())
+          throw Error(fmt::format("execute: accumulate step names sink {} of {}", st.aux, s.sinks.size()));
+        if (!nd.value.defined())
+          throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)", op_def(nd.op).name,
+                                  st.node));
+        accumulate_into(s.sinks[static_cast<std::size_t>(st.aux)], nd.value);
+        break;
     }
   }
   r.measured_peak_bytes = g.alloc->peak_bytes() - r.baseline_bytes;

@@ -118,24 +118,47 @@ std::string Var::str() const {
 }
 
 // ---- building nodes ----
+static std::string arg_name(const OpDef& def, std::size_t i);
+// "a f32[2,3] vs b undefined": the operands of a node not yet built.
+static std::string operands_of(const OpDef& def, std::span<const Operand> inputs) {
+  std::string s;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Operand& o = inputs[i];
+    if (i) s += " vs ";
+    s += arg_name(def, i) + " ";
+    if (o.param()) s += fmt::format("{}{}", dtype_name(o.param()->value.dtype()), o.param()->value.shape().str());
+    else if (o.var().defined()) s += describe(o.var().graph()->node(o.var().id()).meta);
+    else s += "undefined";
+  }
+  return s;
+}
+const Shape& operand_shape(const char* op, const Operand& x) {
+  if (x.param()) return x.param()->value.shape();
+  if (!x.var().defined()) throw Error(fmt::format("{}: input is an undefined Var or an empty Parameter", op));
+  return x.var().shape();
+}
 Var make_node(OpId op, std::span<const Operand> inputs, const Attrs& attrs) {
   const OpDef& def = op_def(op);
   if (def.arity >= 0 && static_cast<int>(inputs.size()) != def.arity)
     throw Error(fmt::format("{}: expects {} inputs, got {}", def.name, def.arity, inputs.size()));
   if (def.arity < 0 && inputs.empty()) throw Error(fmt::format("{}: expects at least one input", def.name));
   GraphImpl* g = nullptr;
-  for (const auto& o : inputs) {
-    if (!o.var().defined()) continue;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Operand& o = inputs[i];
+    if (!o.var().defined()) {
+      if (!o.param())
+        throw Error(fmt::format("{}: input {} is an undefined Var or an empty Parameter: {}", def.name,
+                                arg_name(def, i), operands_of(def, inputs)));
+      continue;
+    }
     if (g && o.var().graph() != g)
-      throw Error(fmt::format("{}: inputs belong to different graphs", def.name));
+      throw Error(fmt::format("{}: inputs belong to different graphs: {}", def.name, operands_of(def, inputs)));
     g = o.var().graph();
   }
-  if (!g) {
-    for (const auto& o : inputs)
-      if (!o.param()) throw Error(fmt::format("{}: an input is an undefined Var", def.name));
-    throw Error(fmt::format("{}: every input is a Parameter, so no graph is known; place one in a graph with g.param(p)",
-                            def.name));
-  }
+  if (!g)
+    throw Error(fmt::format("{}: every input is a Parameter, so no graph is known; place one in a graph with "
+                            "g.param(p): {}",
+                            def.name, operands_of(def, inputs)));
   Node n;
   n.op = op;
   n.attrs = attrs;

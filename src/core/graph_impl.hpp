@@ -141,6 +141,11 @@ inline Var make_node(OpId op, std::initializer_list<Operand> inputs, const Attrs
   return make_node(op, std::span<const Operand>(inputs.begin(), inputs.size()), attrs);
 }
 
+// The shape of an op's operand, read before its node is built (to normalise
+// an axis); throws ad::Error naming `op` for an undefined Var or an empty
+// Parameter.
+const Shape& operand_shape(const char* op, const Operand& x);
+
 // ---- helpers for infer functions ----
 // Throws ad::Error "<op>: <what>: a f32[2,3] vs b f32[4]" (all inputs listed).
 [[noreturn]] void fail_shapes(const InferArgs& a, const std::string& what);

@@ -10,13 +10,28 @@
 
 namespace ad::math {
 
+// c ? a : b as a bit mask, no branch. The f32 functions below use it for
+// every select: with GCC's default -ftrapping-math, a ?: whose compare or
+// arms the optimiser moved under a branch is not if-converted (the compare
+// "could trap"), and the whole loop stays scalar. Same values, bit for bit.
+AD_HD float select(bool c, float a, float b) {
+  std::uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  std::uint32_t r = (ua & m) | (ub & ~m);
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+
 // e^x in f32, within 2 ulp: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-7
 // Taylor polynomial, 2^n by exponent bits. Overflow gives inf, underflow 0,
 // NaN stays NaN. Plain multiply-adds (no libm calls) so loops vectorise.
 AD_HD float expf_fast(float x) {
   const float hi = 88.7228394f, lo = -103.972084f;
-  float xc = x > hi ? hi : (x < lo ? lo : x);
-  xc = x != x ? 0.0f : xc;
+  float xc = select(x > hi, hi, select(x < lo, lo, x));
+  xc = select(x != x, 0.0f, xc);
   // round to nearest integer: adding 1.5*2^23 pushes the fraction out
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693145751953125f;  // ln2 split in two for exact reduction
@@ -37,9 +52,9 @@ AD_HD float expf_fast(float x) {
   std::memcpy(&s1, &b1, 4);
   std::memcpy(&s2, &b2, 4);
   float y = p * s1 * s2;
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
-  y = x < lo ? 0.0f : y;
-  return x != x ? x : y;
+  y = select(x > hi, std::numeric_limits<float>::infinity(), y);
+  y = select(x < lo, 0.0f, y);
+  return select(x != x, x, y);
 }
 
 // tanh in f32: odd polynomial near 0 (no cancellation), 1 - 2/(e^{2|x|}+1) beyond.
@@ -57,10 +72,10 @@ AD_HD float tanhf_fast(float x) {
   p = p * x2 + 0.1333333333f;
   p = p * x2 + -0.3333333333f;
   float small = p * x2 * x + x;
-  float e = expf_fast(2.0f * (a < 9.0f ? a : 9.0f));
+  float e = expf_fast(2.0f * select(a > 9.0f, 9.0f, a));  // clamp to 9 (tanh = 1 in f32); NaN passes through
   float big = 1.0f - 2.0f / (e + 1.0f);
   big = std::copysign(big, x);
-  return a < 0.4f ? small : big;
+  return select(a < 0.4f, small, big);
 }
 
 AD_HD float sigmoidf_fast(float x) { return 1.0f / (1.0f + expf_fast(-x)); }

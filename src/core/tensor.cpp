@@ -134,6 +134,7 @@ double Tensor::at(std::initializer_list<std::int64_t> index) const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
+  check_shape(shape, "Tensor::reshape");
   if (shape.numel() != numel())
     throw Error(fmt::format("Tensor::reshape: cannot view {} ({} elements) as {}", shape_.str(), numel(), shape.str()));
   Tensor t = *this;

@@ -41,7 +41,7 @@ Var dropout(const Operand& x, double p, std::uint64_t seed, std::uint64_t offset
   return make_node(OpId::dropout, {x}, at);
 }
 Var dropout(const Operand& x, double p, Rng& rng) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("dropout", x);
   std::uint64_t seed = rng.seed();
   std::uint64_t off = rng.reserve(static_cast<std::uint64_t>(s.numel()));
   return dropout(x, p, seed, off);

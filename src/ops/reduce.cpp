@@ -41,7 +41,7 @@ Meta infer_reduce(const InferArgs& a) {
   return m;
 }
 Attrs reduce_attrs(const char* op, const Operand& x, const Shape& axes, bool keepdim) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape(op, x);
   Attrs at;
   at.axes = norm_axes(op, axes, s);
   at.keepdim = keepdim;
@@ -150,7 +150,15 @@ void mean_bwd(BackwardArgs& a) {
   double c = static_cast<double>(reduced_count(a.in[0].shape(), a.attrs.axes));
   a.grad[0] = mul_scalar(expand_back(a.dout, a.in[0], a.attrs.axes), 1.0 / c);
 }
-const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = mean_cpu,
+// A mean over no elements has no value (0/0): thrown at build time, like the
+// mean reductions of mse and cross_entropy, rather than a silent NaN.
+Meta infer_mean(const InferArgs& a) {
+  Meta m = infer_reduce(a);
+  for (auto ax : a.attrs.axes)
+    if (a[0].shape[static_cast<int>(ax)] == 0) fail_shapes(a, fmt::format("mean over empty axis {}", ax));
+  return m;
+}
+const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_mean, .cpu = mean_cpu,
                         .backward = mean_bwd};
 Var mean(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::mean, {x}, reduce_attrs("mean", x, axes, keepdim));
@@ -242,7 +250,7 @@ void logsumexp_bwd(BackwardArgs& a) {
 const OpDef op_def_logsumexp{.name = "logsumexp", .args = "x", .arity = 1, .infer = infer_logsumexp,
                              .cpu = logsumexp_cpu, .backward = logsumexp_bwd, .saves = saves_input(0) | kSavesOutput};
 Var logsumexp(const Operand& x, int axis, bool keepdim) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("logsumexp", x);
   Attrs at;
   at.axis = norm_axis("logsumexp", axis, s);
   at.keepdim = keepdim;
@@ -301,7 +309,7 @@ void softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::softmax_backward
 const OpDef op_def_softmax{.name = "softmax", .args = "x", .arity = 1, .infer = infer_axis_same, .cpu = softmax_cpu,
                            .backward = softmax_bwd, .saves = kSavesOutput};
 Var softmax(const Operand& x, int axis) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("softmax", x);
   Attrs at;
   at.axis = norm_axis("softmax", axis, s);
   return make_node(OpId::softmax, {x}, at);
@@ -355,7 +363,7 @@ void log_softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::log_softmax_
 const OpDef op_def_log_softmax{.name = "log_softmax", .args = "x", .arity = 1, .infer = infer_axis_same,
                                .cpu = log_softmax_cpu, .backward = log_softmax_bwd, .saves = kSavesOutput};
 Var log_softmax(const Operand& x, int axis) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("log_softmax", x);
   Attrs at;
   at.axis = norm_axis("log_softmax", axis, s);
   return make_node(OpId::log_softmax, {x}, at);

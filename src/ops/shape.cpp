@@ -116,7 +116,7 @@ Var permute(const Operand& x, const Shape& perm) {
 }
 Var transpose(const Operand& x, int dim0, int dim1) {
   // resolve the rank through a node-free peek: the operand's shape
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("transpose", x);
   int r = s.rank();
   auto d0 = norm_axis("transpose", dim0, s), d1 = norm_axis("transpose", dim1, s);
   Shape perm;
@@ -129,7 +129,9 @@ Var transpose(const Operand& x, int dim0, int dim1) {
 Meta infer_broadcast_to(const InferArgs& a) {
   check_float_same(a);
   Shape out;
-  if (!broadcast_shapes(a[0].shape, a.attrs.shape, out) || !(out == a.attrs.shape))
+  bool negative = false;
+  for (auto d : a.attrs.shape) negative |= d < 0;
+  if (negative || !broadcast_shapes(a[0].shape, a.attrs.shape, out) || !(out == a.attrs.shape))
     fail_shapes(a, fmt::format("cannot broadcast to {}", a.attrs.shape.str()));
   return Meta{a.attrs.shape, a[0].dtype, a[0].device};
 }
@@ -222,7 +224,7 @@ void slice_bwd(BackwardArgs& a) {
 const OpDef op_def_slice{.name = "slice", .args = "x", .arity = 1, .infer = infer_slice, .cpu = slice_cpu,
                          .backward = slice_bwd};
 Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("slice", x);
   if (s.rank() == 0) throw Error(fmt::format("slice: cannot slice a scalar {}", s.str()));
   auto ax = norm_axis("slice", axis, s);
   std::int64_t n = s[static_cast<int>(ax)];
@@ -351,13 +353,13 @@ void gather_bwd(BackwardArgs& a) {
 const OpDef op_def_gather{.name = "gather", .args = "x,index", .arity = 2, .infer = infer_gather, .cpu = gather_cpu,
                           .backward = gather_bwd, .saves = saves_input(1)};
 Var gather(const Operand& x, const Operand& index, int axis) {
-  Shape s = x.param() ? x.param()->value.shape() : x.var().shape();
+  Shape s = operand_shape("gather", x);
   Attrs at;
   at.axis = s.rank() ? norm_axis("gather", axis, s) : 0;
   return make_node(OpId::gather, {x, index}, at);
 }
 Var embedding(const Operand& table, const Operand& ids) {
-  Shape s = table.param() ? table.param()->value.shape() : table.var().shape();
+  Shape s = operand_shape("embedding", table);
   if (s.rank() != 2) throw Error(fmt::format("embedding: table must be [V, D], got {}", s.str()));
   return gather(table, ids, 0);
 }

@@ -1,0 +1,505 @@
+// Schedules and memory: the predicted peak equals the measured peak to the
+// byte, recomputation is bit-identical, reports are consistent, gradients
+// accumulate across backward() calls, and plan/simulate_peak/execute work
+// with hand-made schedules.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "core/graph_impl.hpp"
+
+namespace {
+
+using ad::DType;
+using ad::Var;
+
+ad::Tensor randn(const ad::Shape& s, std::uint64_t seed, DType t = DType::f32) {
+  ad::Rng rng(seed);
+  return ad::Tensor::randn(s, rng, t);
+}
+
+std::int64_t total_computes(const ad::Graph& g) {
+  std::int64_t n = 0;
+  for (const auto& nd : g.impl().nodes) n += nd.times_computed;
+  return n;
+}
+
+// Parameters the value of `loss` depends on.
+std::set<const ad::ParamState*> reachable_params(const Var& loss) {
+  const ad::GraphImpl& g = *loss.graph();
+  std::vector<char> seen(g.nodes.size(), 0);
+  seen.at(static_cast<std::size_t>(loss.id())) = 1;
+  std::set<const ad::ParamState*> out;
+  for (std::int32_t id = loss.id(); id >= 0; --id) {
+    if (!seen[static_cast<std::size_t>(id)]) continue;
+    const ad::Node& nd = g.node(id);
+    if (nd.op == ad::OpId::parameter) out.insert(nd.param.get());
+    for (auto in : nd.inputs) seen[static_cast<std::size_t>(in)] = 1;
+  }
+  return out;
+}
+
+// backward() with every check that holds for any graph under keep_all.
+ad::Report checked_backward(ad::Graph& g, const Var& loss, const Var& seed = {}) {
+  const std::int64_t live = g.live_bytes(), computes = total_computes(g);
+  const bool had_value = loss.has_value();
+  ad::Report r = ad::backward(loss, ad::policy::keep_all(), seed);
+  CHECK(r.policy == "keep_all");
+  CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+  CHECK(r.baseline_bytes == live);
+  CHECK(r.computed_nodes == total_computes(g) - computes);
+  CHECK(r.steps > r.computed_nodes);  // at least one accumulate step
+  CHECK(r.recomputed_nodes <= r.computed_nodes);
+  CHECK(r.measured_peak_bytes >= 0);
+  // keep_all frees every value it computed, except the loss
+  std::int64_t loss_bytes = had_value ? 0 : static_cast<std::int64_t>(loss.numel()) * static_cast<std::int64_t>(ad::dtype_size(loss.dtype()));
+  if (loss.op() != ad::OpId::reshape) CHECK(g.live_bytes() == live + loss_bytes);
+  CHECK(loss.has_value());
+  return r;
+}
+
+// ---- graphs ----
+struct Mlp {
+  ad::Parameter w1, b1, w2, b2;
+  Mlp(std::uint64_t seed, DType t) {
+    ad::Rng rng(seed);
+    w1 = ad::Parameter::randn({20, 64}, rng, 0.2, t);
+    b1 = ad::Parameter::randn({64}, rng, 0.1, t);
+    w2 = ad::Parameter::randn({64, 10}, rng, 0.2, t);
+    b2 = ad::Parameter::randn({10}, rng, 0.1, t);
+  }
+  Var loss(ad::Graph& g, std::uint64_t seed, DType t) const {
+    ad::Rng rng(seed);
+    Var x = g.input(ad::Tensor::randn({32, 20}, rng, t));
+    Var y = g.input(ad::Tensor::randint({32}, rng, 10));
+    Var h = ad::relu(ad::matmul(x, w1) + g.param(b1));
+    return ad::cross_entropy(ad::matmul(h, w2) + g.param(b2), y);
+  }
+  std::vector<ad::Parameter> params() const { return {w1, b1, w2, b2}; }
+};
+
+// A random DAG over [R, C] values: a mix of ops, fan-out up to 4, parameters
+// used several times, views, workspaces, randomness, two dtypes.
+struct RandomDag {
+  std::vector<ad::Parameter> params;
+  std::vector<Var> pool;
+  Var loss;
+};
+RandomDag random_dag(ad::Graph& g, std::uint64_t seed) {
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&](std::uint64_t n) {  // splitmix64, uniform enough for picking
+    state += 0x9E3779B97F4A7C15ull;
+    std::uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (z ^ (z >> 31)) % n;
+  };
+  const std::int64_t R = 2 + static_cast<std::int64_t>(next(5)), C = 2 + static_cast<std::int64_t>(next(6));
+  const DType t = next(3) == 0 ? DType::f64 : DType::f32;
+  const DType other = t == DType::f32 ? DType::f64 : DType::f32;
+  ad::Rng rng(seed + 1000);
+  RandomDag d;
+  auto param = [&](const ad::Shape& s) {
+    d.params.push_back(ad::Parameter::randn(s, rng, 0.5, t));
+    return d.params.back();
+  };
+  ad::Parameter W1 = param({C, C}), W2 = param({C, C}), bias = param({C}), gamma = param({C}), beta = param({C});
+  ad::Parameter P1 = param({R, C}), P2 = param({R, C});
+  std::vector<int> uses;
+  auto push = [&](Var v) { REQUIRE(v.shape() == ad::Shape{R, C}); d.pool.push_back(v); uses.push_back(0); };
+  push(g.input(ad::Tensor::randn({R, C}, rng, t)));
+  push(g.input(ad::Tensor::randn({R, C}, rng, t)));
+  push(g.param(P1));
+  push(g.param(P2));
+  auto pick = [&]() -> Var {
+    std::size_t n = d.pool.size();
+    for (;;) {
+      std::size_t i = next(3) == 0 ? next(n) : n - 1 - next(std::min<std::size_t>(n, 4));
+      if (uses[i] < 4) { ++uses[i]; return d.pool[i]; }
+    }
+  };
+  const int n_ops = 6 + static_cast<int>(next(20));
+  for (int k = 0; k < n_ops; ++k) {
+    switch (next(22)) {
+      case 0: push(pick() + pick()); break;
+      case 1: push(pick() - pick()); break;
+      case 2: push(pick() * pick()); break;
+      case 3: push(ad::tanh(pick())); break;
+      case 4: push(ad::sigmoid(pick())); break;
+      case 5: push(ad::relu(pick())); break;
+      case 6: push(next(2) ? ad::gelu(pick()) : ad::silu(pick())); break;
+      case 7: push(ad::matmul(pick(), next(2) ? W1 : W2)); break;
+      case 8: push(ad::add(pick(), bias)); break;
+      case 9: push(ad::reshape(ad::tanh(ad::reshape(pick(), {C, R})), {R, C})); break;  // views around a compute
+      case 10: push(ad::reshape(ad::reshape(pick(), {-1}), {R, C})); break;               // a view of a view
+      case 11: { Var a = pick(); push(a - ad::max(a, {1}, true)); break; }                // max: workspace
+      case 12: push(ad::mul(pick(), ad::max(pick(), {0}, true))); break;                  // non-suffix max
+      case 13: push(ad::softmax(pick(), static_cast<int>(next(2)))); break;
+      case 14: push(ad::dropout(pick(), 0.3, rng)); break;
+      case 15: {
+        std::int64_t s = 1 + static_cast<std::int64_t>(next(static_cast<std::uint64_t>(C - 1)));
+        push(ad::concat({ad::slice(pick(), 1, 0, s), ad::slice(pick(), 1, s, C)}, 1));
+        break;
+      }
+      case 16: push(ad::transpose(ad::exp(ad::mul_scalar(ad::transpose(pick()), 0.5)))); break;
+      case 17: push(ad::layer_norm(pick(), gamma, beta)); break;
+      case 18: push(ad::gather(pick(), g.input(ad::Tensor::randint({R}, rng, R)), 0)); break;
+      case 19: push(ad::mul(ad::sum(pick(), {1}, true), pick())); break;
+      case 20: push(ad::cast(ad::mul_scalar(ad::cast(pick(), other), 0.75), t)); break;
+      default: push(ad::log_softmax(ad::add_scalar(pick(), 0.25), -1)); break;
+    }
+  }
+  d.loss = ad::add(ad::sum(d.pool.back()), ad::mean(ad::mul(pick(), ad::matmul(pick(), W1))));
+  return d;
+}
+
+std::vector<ad::Tensor> grads_of(const std::vector<ad::Parameter>& ps) {
+  std::vector<ad::Tensor> out;
+  for (const auto& p : ps) out.push_back(p.has_grad() ? p.grad().clone() : ad::Tensor());
+  return out;
+}
+void check_bitwise(const std::vector<ad::Tensor>& a, const std::vector<ad::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(ad::bitwise_equal(a[i], b[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("executor: predicted peak == measured peak, MLP") {
+  for (DType t : {DType::f32, DType::f64}) {
+    Mlp m(1, t);
+    ad::Graph g;
+    Var loss = m.loss(g, 2, t);
+    ad::Report r = checked_backward(g, loss);
+    CHECK(r.baseline_bytes == 0);
+    CHECK(r.recomputed_nodes == 0);
+    CHECK(r.measured_peak_bytes > 0);
+    for (const auto& p : m.params()) CHECK(p.has_grad());
+    // the two [32,64] activations (pre-relu sum and relu output) are live together at least once
+    CHECK(r.measured_peak_bytes >= 2 * 32 * 64 * static_cast<std::int64_t>(ad::dtype_size(t)));
+  }
+}
+
+TEST_CASE("executor: predicted peak == measured peak, deep tanh chain with shared weights") {
+  ad::Rng rng(3);
+  ad::Parameter w = ad::Parameter::randn({16, 16}, rng, 0.25), v = ad::Parameter::randn({16, 16}, rng, 0.25);
+  ad::Graph g;
+  Var h = g.input(ad::Tensor::randn({8, 16}, rng));
+  for (int i = 0; i < 60; ++i) h = ad::tanh(ad::matmul(h, i % 3 ? w : v));
+  Var loss = ad::mean(ad::mul(h, h));
+  ad::Report r = checked_backward(g, loss);
+  // keep_all keeps all 60 tanh outputs ([8,16] f32 = 512 B each) until backward reaches them
+  CHECK(r.measured_peak_bytes >= 60 * 512);
+  CHECK(w.has_grad());
+  CHECK(v.has_grad());
+}
+
+TEST_CASE("executor: predicted peak == measured peak, reshape views") {
+  ad::Rng rng(4);
+  ad::Parameter w = ad::Parameter::randn({6, 5}, rng), w2 = ad::Parameter::randn({8, 5}, rng);
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::randn({8, 6}, rng));
+  Var h = ad::tanh(ad::matmul(x, w));             // [8,5]
+  Var r1 = ad::reshape(h, {5, 8});                // view of a computed value
+  Var r2 = ad::reshape(r1, {40});                 // view of a view
+  Var z = ad::matmul(r1, w2);                     // [5,5]
+  Var xr = ad::reshape(x, {-1});                  // view of an input leaf (user memory)
+  Var wr = ad::reshape(g.param(w), {30});         // view of a parameter
+  Var loss = ad::add(ad::add(ad::sum(ad::mul(r2, r2)), ad::sum(ad::reshape(z, {25}))),
+                     ad::add(ad::sum(ad::sigmoid(xr)), ad::sum(ad::mul(wr, wr))));
+  checked_backward(g, loss);
+  CHECK(w.has_grad());
+  CHECK(w2.has_grad());
+  // a loss that is itself a view
+  ad::Graph g2;
+  Var v = ad::reshape(ad::sum(ad::tanh(ad::matmul(g2.input(ad::Tensor::randn({3, 6}, rng)), w))), {1, 1});
+  checked_backward(g2, v, g2.input(ad::Tensor::ones({1, 1})));
+}
+
+TEST_CASE("executor: predicted peak == measured peak, shared subexpressions, max, dropout") {
+  ad::Rng rng(5);
+  ad::Parameter w = ad::Parameter::randn({7, 7}, rng), b = ad::Parameter::randn({7}, rng);
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::randn({9, 7}, rng));
+  Var a = ad::tanh(ad::matmul(x, w) + g.param(b));
+  Var sq = a * a;
+  Var c = ad::add(a, sq);
+  Var d = ad::sigmoid(c) * a;
+  Var m0 = ad::max(d, {0}, true), m1 = ad::max(d, {1}), mall = ad::max(c);
+  Var dr = ad::dropout(ad::matmul(d, w), 0.4, rng);
+  Var loss = ad::sum(d - m0) + ad::sum(m1) + mall + ad::mean(dr * a) + ad::sum(ad::matmul(sq, w));
+  checked_backward(g, loss);
+  CHECK(w.has_grad());
+  CHECK(b.has_grad());
+}
+
+TEST_CASE("executor: predicted peak == measured peak on 60 seeded random DAGs") {
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    CAPTURE(seed);
+    // 1. fresh graph
+    ad::Graph g1;
+    RandomDag d1 = random_dag(g1, seed);
+    ad::Report r1 = checked_backward(g1, d1.loss);
+    CHECK(r1.baseline_bytes == 0);
+    CHECK(r1.recomputed_nodes == 0);
+    auto reach = reachable_params(d1.loss);
+    for (const auto& p : d1.params)
+      if (reach.count(p.state())) { CHECK(p.has_grad()); }
+    std::vector<ad::Tensor> grads1 = grads_of(d1.params);
+    // 2. the same graph again: values of the first run are recomputed, gradients accumulate
+    ad::Report r2 = checked_backward(g1, d1.loss);
+    CHECK(r2.baseline_bytes == static_cast<std::int64_t>(ad::dtype_size(d1.loss.dtype())));
+
+    // 3. an identical graph where some values are present before backward
+    //    (evaluated first; some are views whose base value was freed)
+    ad::Graph g3;
+    RandomDag d3 = random_dag(g3, seed);
+    for (std::size_t i = 4; i < d3.pool.size(); i += 3) ad::eval(d3.pool[i]);
+    ad::eval(d3.pool.back());
+    checked_backward(g3, d3.loss);
+    check_bitwise(grads_of(d3.params), grads1);
+
+    // 4. an identical graph with outputs poisoned before every kernel: same bits
+    ad::Graph g4;
+    g4.impl().poison_outputs = true;
+    RandomDag d4 = random_dag(g4, seed);
+    checked_backward(g4, d4.loss);
+    check_bitwise(grads_of(d4.params), grads1);
+  }
+}
+
+TEST_CASE("executor: values present before the run (view of a freed base)") {
+  ad::Rng rng(6);
+  ad::Parameter w = ad::Parameter::randn({4, 6}, rng);
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::randn({5, 4}, rng));
+  Var h = ad::tanh(ad::matmul(x, w));  // [5,6]; tanh_backward reads h
+  Var r = ad::reshape(h, {30});         // a view: keeps h's storage alive
+  Var loss = ad::sum(ad::mul(r, r));
+  ad::eval(r);                          // computes matmul, tanh, reshape; frees matmul and tanh
+  CHECK(r.has_value());
+  CHECK_FALSE(h.has_value());
+  CHECK(g.live_bytes() == 5 * 6 * 4);
+  // backward recomputes h into new memory while r still holds the old storage
+  ad::Report rep = checked_backward(g, loss);
+  CHECK(rep.baseline_bytes == 5 * 6 * 4);
+  CHECK(rep.predicted_peak_bytes >= 2 * 5 * 6 * 4);
+  CHECK(r.has_value());  // a value present before the run is left alone
+}
+
+TEST_CASE("executor: eval after backward recomputes bit-identically") {
+  ad::Rng rng(7);
+  ad::Parameter w = ad::Parameter::randn({6, 6}, rng);
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::randn({4, 6}, rng));
+  Var h = ad::dropout(ad::gelu(ad::matmul(x, w)), 0.5, rng);
+  Var s = ad::softmax(ad::matmul(h, w));
+  Var ln = ad::layer_norm(h, g.input(ad::Tensor::ones({6})), g.input(ad::Tensor::zeros({6})));
+  Var loss = ad::sum(ad::mul(s, ln));
+  ad::Tensor h0 = ad::eval(h).clone(), s0 = ad::eval(s).clone();
+  CHECK(h0.storage()->allocator() == ad::default_allocator());  // the clones are not the graph's
+  // drop both values with a hand-made schedule, then run backward
+  ad::Schedule drop;
+  drop.steps = {{ad::Step::Kind::free, h.id()}, {ad::Step::Kind::free, s.id()}};
+  ad::execute(g.impl(), drop);
+  CHECK_FALSE(h.has_value());
+  CHECK(g.live_bytes() == 0);
+  checked_backward(g, loss);
+  CHECK_FALSE(h.has_value());  // freed by keep_all after its last use
+  CHECK_FALSE(s.has_value());
+  const std::int32_t before = g.impl().node(h.id()).times_computed;
+  CHECK(ad::bitwise_equal(ad::eval(h), h0));
+  CHECK(g.impl().node(h.id()).times_computed == before + 1);
+  CHECK(ad::bitwise_equal(s.value(), s0));
+}
+
+TEST_CASE("executor: backward twice accumulates twice, and zeroing resets") {
+  for (DType t : {DType::f64, DType::f32}) {
+    Mlp m(11, t);
+    ad::Graph g;
+    Var loss = m.loss(g, 12, t);
+    checked_backward(g, loss);
+    std::vector<ad::Tensor> once = grads_of(m.params());
+    const std::int64_t nodes = g.num_nodes();
+    ad::Report r2 = checked_backward(g, loss);
+    CHECK(g.num_nodes() == nodes);  // gradient nodes are reused, not rebuilt
+    CHECK(r2.recomputed_nodes > 0);
+    CHECK(r2.recomputed_nodes == r2.computed_nodes);  // every compute repeats one of the first call
+    CHECK(r2.baseline_bytes == static_cast<std::int64_t>(ad::dtype_size(t)));
+    for (std::size_t i = 0; i < once.size(); ++i) {
+      std::vector<double> a = once[i].to_vector(), b = m.params()[i].grad().to_vector();
+      REQUIRE(a.size() == b.size());
+      for (std::size_t j = 0; j < a.size(); ++j) CHECK(b[j] == 2 * a[j]);  // x + x == 2x exactly
+    }
+    for (const auto& p : m.params()) p.zero_grad();
+    for (const auto& p : m.params()) {
+      REQUIRE(p.has_grad());  // zero_grad keeps the buffer
+      for (double v : p.grad().to_vector()) CHECK(v == 0);
+    }
+    checked_backward(g, loss);
+    check_bitwise(grads_of(m.params()), once);
+  }
+}
+
+TEST_CASE("executor: one backward node feeding several parameters, and a seed that is the result") {
+  ad::Rng rng(13);
+  ad::Parameter a = ad::Parameter::randn({3, 4}, rng), b = ad::Parameter::randn({3, 4}, rng);
+  {
+    ad::Graph g;
+    Var loss = ad::sum(ad::add(g.param(a), b));  // d/da = d/db = the same ones node
+    checked_backward(g, loss);
+    REQUIRE(a.has_grad());
+    REQUIRE(b.has_grad());
+    CHECK(a.grad().to_vector() == std::vector<double>(12, 1.0));
+    CHECK(b.grad().to_vector() == std::vector<double>(12, 1.0));
+    checked_backward(g, loss);
+    CHECK(a.grad().to_vector() == std::vector<double>(12, 2.0));
+    CHECK(b.grad().to_vector() == std::vector<double>(12, 2.0));
+  }
+  a.zero_grad();
+  {
+    // y = a + 1: d(seed . y)/da is the seed itself, an input leaf that already holds its value
+    ad::Graph g;
+    ad::Tensor seed = randn({3, 4}, 14);
+    Var y = ad::add_scalar(g.param(a), 1.0);
+    Var sv_ = g.input(seed);
+    checked_backward(g, y, sv_);
+    CHECK(ad::bitwise_equal(a.grad(), seed));
+    checked_backward(g, y, sv_);
+    std::vector<double> sv = seed.to_vector(), gv = a.grad().to_vector();
+    for (std::size_t i = 0; i < sv.size(); ++i) CHECK(gv[i] == 2 * sv[i]);
+  }
+}
+
+TEST_CASE("executor: determinism across freshly built graphs (with dropout)") {
+  auto step = [](std::uint64_t seed) {
+    ad::Rng rng(seed);
+    ad::Parameter w1 = ad::Parameter::randn({12, 24}, rng, 0.3), w2 = ad::Parameter::randn({24, 5}, rng, 0.3);
+    ad::Parameter gamma = ad::Parameter::randn({24}, rng), beta = ad::Parameter::randn({24}, rng);
+    ad::Graph g;
+    Var x = g.input(ad::Tensor::randn({16, 12}, rng));
+    Var y = g.input(ad::Tensor::randint({16}, rng, 5));
+    Var h = ad::dropout(ad::gelu(ad::layer_norm(ad::matmul(x, w1), gamma, beta)), 0.3, rng);
+    Var logits = ad::matmul(ad::add(h, ad::softmax(h)), w2);
+    Var loss = ad::cross_entropy(logits, y) + ad::mul_scalar(ad::mean(ad::mul(g.param(w1), w1)), 0.01);
+    ad::Report r = ad::backward(loss);
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+    std::vector<ad::Tensor> out = grads_of({w1, w2, gamma, beta});
+    out.push_back(loss.value().clone());
+    return out;
+  };
+  std::vector<ad::Tensor> a = step(21), b = step(21), c = step(22);
+  check_bitwise(a, b);
+  CHECK_FALSE(ad::bitwise_equal(a[0], c[0]));
+}
+
+TEST_CASE("executor: hand-made schedules with plan, simulate_peak and execute") {
+  ad::Graph g;
+  ad::Tensor xt = randn({4, 5}, 31);
+  Var x = g.input(xt);
+  Var a = ad::tanh(x);                      // 80 B
+  Var b = ad::exp(a);                       // 80 B
+  Var c = ad::add(a, b);                    // 80 B
+  Var r = ad::reshape(c, {20});             // view of c
+  Var d = ad::sum(r);                       // 4 B
+  ad::GraphImpl& gi = g.impl();
+  using K = ad::Step::Kind;
+
+  ad::Schedule s;
+  s.steps = {{K::compute, a.id()}, {K::compute, b.id()}, {K::compute, c.id()}, {K::free, a.id()}, {K::free, b.id()},
+             {K::compute, r.id()}, {K::free, c.id()}, {K::compute, d.id()}, {K::free, r.id()}};
+  s.targets = {d.id()};
+  CHECK(ad::simulate_peak(gi, s) == 240);
+  ad::RunStats st = ad::execute(gi, s);
+  CHECK(st.measured_peak_bytes == 240);
+  CHECK(st.baseline_bytes == 0);
+  CHECK(st.computed_nodes == 5);
+  CHECK(st.recomputed_nodes == 0);
+  CHECK(d.has_value());
+  CHECK_FALSE(a.has_value());
+  CHECK_FALSE(r.has_value());
+  CHECK(g.live_bytes() == 4);
+  double expect = 0;
+  for (double v : xt.to_vector()) expect += static_cast<float>(std::tanh(static_cast<float>(v))) + std::exp(std::tanh(v));
+  CHECK(d.value().item() == doctest::Approx(expect).epsilon(1e-5));
+
+  // recompute a, twice without a free in between (the old value is released after the new one is made)
+  ad::Schedule s2;
+  s2.steps = {{K::compute, a.id()}, {K::compute, a.id()}, {K::compute, b.id()}, {K::free, a.id()}, {K::free, b.id()}};
+  CHECK(ad::simulate_peak(gi, s2) == 160);
+  st = ad::execute(gi, s2);
+  CHECK(st.measured_peak_bytes == 160);
+  CHECK(st.baseline_bytes == 4);
+  CHECK(st.recomputed_nodes == 3);
+  CHECK(g.live_bytes() == 4);
+
+  // a value the user still holds is not released by a free step
+  ad::Tensor held = ad::eval(c);  // shares c's storage
+  CHECK(g.live_bytes() == 84);
+  ad::Schedule s3;
+  s3.steps = {{K::free, c.id()}, {K::compute, a.id()}, {K::compute, b.id()}, {K::free, a.id()}, {K::free, b.id()}};
+  CHECK(ad::simulate_peak(gi, s3) == 160);
+  st = ad::execute(gi, s3);
+  CHECK(st.measured_peak_bytes == 160);
+  held = ad::Tensor();
+  CHECK(g.live_bytes() == 4);
+
+  // plan() for keep_all, then run it
+  ad::Schedule p = ad::plan(gi, {c.id(), r.id()}, {}, ad::policy::keep_all());
+  CHECK(p.predicted_peak_bytes == ad::simulate_peak(gi, p));
+  st = ad::execute(gi, p);
+  CHECK(st.measured_peak_bytes == p.predicted_peak_bytes);
+  CHECK(c.has_value());
+  CHECK(r.has_value());
+  CHECK(r.value().same_storage(c.value()));
+  CHECK_THROWS_AS(ad::plan(gi, {static_cast<std::int32_t>(g.num_nodes())}, {}, ad::policy::keep_all()), ad::Error);
+
+  // gradients: plan with sinks, accumulate steps, workspace ops
+  ad::Rng rng(32);
+  ad::Parameter w = ad::Parameter::randn({5, 3}, rng);
+  ad::Graph g2;
+  Var h = ad::matmul(g2.input(xt), w);
+  Var loss = ad::sum(ad::max(h, {1}));  // max_backward needs a workspace
+  Var gw = ad::grad(loss, {g2.param(w)})[0];
+  ad::Schedule q = ad::plan(g2.impl(), {loss.id()}, {ad::Sink{gw.id(), w}}, ad::policy::keep_all());
+  int accumulates = 0;
+  for (const auto& stp : q.steps) accumulates += stp.kind == K::accumulate;
+  CHECK(accumulates == 1);
+  REQUIRE(q.sinks.size() == 1);
+  st = ad::execute(g2.impl(), q);
+  CHECK(st.measured_peak_bytes == q.predicted_peak_bytes);
+  REQUIRE(w.has_grad());
+  CHECK_FALSE(gw.has_value());  // accumulated, then freed
+  CHECK(ad::bitwise_equal(ad::eval(gw), w.grad()));
+
+  // a schedule that computes a node before its input holds a value is rejected by both
+  ad::Graph g3;
+  Var u = ad::tanh(g3.input(xt));
+  Var v = ad::exp(u);
+  ad::Schedule bad;
+  bad.steps = {{K::compute, v.id()}};
+  CHECK_THROWS_AS(ad::simulate_peak(g3.impl(), bad), ad::Error);
+  try {
+    ad::execute(g3.impl(), bad);
+    FAIL("no throw");
+  } catch (const ad::Error& e) {
+    std::string m = e.what();
+    CHECK(m.find("exp") != std::string::npos);
+    CHECK(m.find("tanh") != std::string::npos);
+  }
+  ad::Schedule leaf;
+  leaf.steps = {{K::compute, 0}};
+  CHECK_THROWS_AS(ad::execute(g3.impl(), leaf), ad::Error);
+  ad::Schedule acc;
+  acc.steps = {{K::accumulate, u.id(), 0}};
+  acc.sinks = {w};
+  CHECK_THROWS_AS(ad::execute(g3.impl(), acc), ad::Error);  // u holds no value
+}
