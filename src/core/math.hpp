@@ -80,11 +80,10 @@ AD_HD float tanhf_fast(float x) {
 
 AD_HD float sigmoidf_fast(float x) { return 1.0f / (1.0f + expf_fast(-x)); }
 
-// erf in f32, branch-free (Abramowitz & Stegun 7.1.26 is too coarse; this is
-// the rational form erf(x) = 1 - t*exp(-x^2 + P(t)), t = 1/(1 + 0.5|x|),
-// Numerical Recipes' erfc fit, relative error < 1.2e-7).
-AD_HD float erff_fast(float x) {
-  float z = std::fabs(x);
+// erfc(z) for z >= 0 in f32, branch-free, relative error < 1.2e-7 over the
+// whole range: erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2) (the Chebyshev
+// fit in Numerical Recipes, "erfcc").
+AD_HD float erfcf_pos(float z) {
   float t = 1.0f / (0.5f * z + 1.0f);
   float p = 0.17087277f;
   p = p * t + -0.82215223f;
@@ -96,9 +95,15 @@ AD_HD float erff_fast(float x) {
   p = p * t + 0.37409196f;
   p = p * t + 1.00002368f;
   p = p * t + -1.26551223f;
-  float erfc = t * expf_fast(-z * z + p);
-  float r = 1.0f - erfc;
-  return std::copysign(r, x);
+  return t * expf_fast(-z * z + p);
+}
+
+// Standard normal CDF Phi(x) in f32. The tail x < 0 is taken as
+// erfc(|x|/sqrt 2) / 2 directly, so it keeps its relative accuracy (computing
+// (1 + erf) / 2 would cancel).
+AD_HD float normal_cdf_f(float x) {
+  float h = 0.5f * erfcf_pos(std::fabs(x) * 0.70710678118654752f);
+  return select(x < 0.0f, h, 1.0f - h);
 }
 
 // ---- scalar functions used by kernels, one per type ----
@@ -108,13 +113,14 @@ AD_HD float tanh_(float x) { return tanhf_fast(x); }
 AD_HD double tanh_(double x) { return std::tanh(x); }
 AD_HD float sigmoid_(float x) { return sigmoidf_fast(x); }
 AD_HD double sigmoid_(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-AD_HD float erf_(float x) { return erff_fast(x); }
-AD_HD double erf_(double x) { return std::erf(x); }
+AD_HD float normal_cdf(float x) { return normal_cdf_f(x); }
+AD_HD double normal_cdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752440); }
 
-template <class T> AD_HD T gelu(T x) { return T(0.5) * x * (T(1) + erf_(x * T(0.70710678118654752440))); }
+// gelu(x) = x Phi(x)
+template <class T> AD_HD T gelu(T x) { return x * normal_cdf(x); }
 // d/dx gelu = Phi(x) + x phi(x)
 template <class T> AD_HD T gelu_grad(T x) {
-  T cdf = T(0.5) * (T(1) + erf_(x * T(0.70710678118654752440)));
+  T cdf = normal_cdf(x);
   T pdf = T(0.39894228040143267794) * exp_(T(-0.5) * x * x);
   return cdf + x * pdf;
 }
