@@ -29,4 +29,8 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 // and are recomputed on demand.
 Report backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
 
+// The plan backward() would run (gradient nodes are built, nothing is
+// computed): inspect it with explain(), or its predicted peak.
+Plan plan_backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
+
 }  // namespace ad

@@ -1,9 +1,11 @@
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ad/graph.hpp"
+#include "ad/policy.hpp"
 
 namespace ad {
 
@@ -25,18 +27,13 @@ struct Schedule {
   std::vector<std::int32_t> targets;  // nodes whose values are kept at the end
   std::vector<Parameter> sinks;       // accumulate targets
   std::int64_t predicted_peak_bytes = 0;
+  std::int64_t recomputed_nodes = 0;  // compute steps of nodes already computed earlier in the schedule
+  double recompute_flops = 0;         // their cost by the op cost model
+  std::int64_t kept_bytes = 0;        // forward values held when the loss was first computed
+  std::string policy;                 // name of the policy that made it
+  double plan_ms = 0;
+  bool from_cache = false;
 };
-
-// A rematerialisation policy: which values to keep and which to recompute.
-struct Policy {
-  enum class Kind : std::uint8_t { keep_all };
-  Kind kind = Kind::keep_all;
-  std::string name() const;
-};
-namespace policy {
-// Keeps every value until its last use, then frees it. No recomputation.
-inline Policy keep_all() { return {}; }
-}  // namespace policy
 
 // A gradient to accumulate into a parameter once computed.
 struct Sink {
@@ -61,7 +58,7 @@ struct RunStats {
   std::int64_t measured_peak_bytes = 0;  // allocator peak minus baseline
   std::int64_t baseline_bytes = 0;       // graph bytes live when the run began
   std::int64_t computed_nodes = 0;
-  std::int64_t recomputed_nodes = 0;     // computes of a node already computed once in this graph
+  std::int64_t recomputed_nodes = 0;     // computes of a node already computed earlier in this run
   double run_ms = 0;
 };
 
@@ -71,17 +68,31 @@ struct RunStats {
 // shape or dtype differs from its parameter's).
 RunStats execute(GraphImpl& g, const Schedule& s);
 
-// What backward() (and eval) report about a step.
+// A schedule together with the graph it was made for.
+struct Plan {
+  GraphImpl* graph = nullptr;
+  Schedule schedule;
+};
+
+// Per node of the plan's graph that the schedule computes: what happens to
+// its value and why, one line each (a markdown table).
+std::string explain(const Plan& plan);
+
+// What backward() reports about a step.
 struct Report {
   std::string policy;
-  std::int64_t predicted_peak_bytes = 0;
-  std::int64_t measured_peak_bytes = 0;
-  std::int64_t baseline_bytes = 0;
+  std::int64_t predicted_peak_bytes = 0;  // simulated before the run
+  std::int64_t measured_peak_bytes = 0;   // by the graph's allocator during the run
+  std::int64_t baseline_bytes = 0;        // graph bytes live when the run began
+  std::int64_t kept_bytes = 0;            // forward values held when the loss was first computed
   std::int64_t computed_nodes = 0;
   std::int64_t recomputed_nodes = 0;
+  double recompute_flops = 0;             // extra flops spent recomputing (cost model)
   std::int64_t steps = 0;
+  bool plan_cached = false;               // the plan came from the policy's cache
   double plan_ms = 0;
   double run_ms = 0;
+  std::shared_ptr<const Plan> plan;       // for explain(*report.plan)
 };
 
 }  // namespace ad

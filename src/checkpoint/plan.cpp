@@ -4,8 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <unordered_map>
 
+#include "checkpoint/cache.hpp"
+#include "checkpoint/planner.hpp"
 #include "core/graph_impl.hpp"
 
 namespace ad {
@@ -13,83 +17,154 @@ namespace ad {
 std::string Policy::name() const {
   switch (kind) {
     case Kind::keep_all: return "keep_all";
+    case Kind::manual: return "manual";
+    case Kind::uniform: return fmt::format("uniform({})", every);
+    case Kind::sqrt_n: return "sqrt_n";
+    case Kind::selective: return "selective";
+    case Kind::budget: return fmt::format("budget({} B)", budget_bytes);
+    case Kind::optimal_chain: return fmt::format("optimal_chain({})", slots);
   }
   return "?";
 }
 
-namespace {
+namespace policy {
+Policy keep_all() { return {}; }  // planning it costs no more than a cache lookup
+Policy manual() { Policy p; p.kind = Policy::Kind::manual; p.cache = std::make_shared<PlanCache>(); return p; }
+Policy uniform(std::int64_t k) {
+  if (k < 1) throw Error(fmt::format("policy::uniform: k must be >= 1, got {}", k));
+  Policy p;
+  p.kind = Policy::Kind::uniform;
+  p.every = k;
+  p.cache = std::make_shared<PlanCache>();
+  return p;
+}
+Policy sqrt_n() { Policy p; p.kind = Policy::Kind::sqrt_n; p.cache = std::make_shared<PlanCache>(); return p; }
+Policy selective(KeepFn keep) {
+  if (!keep) throw Error("policy::selective: empty predicate");
+  Policy p;
+  p.kind = Policy::Kind::selective;
+  p.keep = std::move(keep);
+  p.cache = std::make_shared<PlanCache>();
+  return p;
+}
+Policy budget(std::int64_t bytes) {
+  if (bytes < 0) throw Error(fmt::format("policy::budget: negative budget {} B", bytes));
+  Policy p;
+  p.kind = Policy::Kind::budget;
+  p.budget_bytes = bytes;
+  p.cache = std::make_shared<PlanCache>();
+  return p;
+}
+Policy optimal_chain(std::int32_t slots) {
+  if (slots < 1) throw Error(fmt::format("policy::optimal_chain: needs at least 1 slot, got {}", slots));
+  Policy p;
+  p.kind = Policy::Kind::optimal_chain;
+  p.slots = slots;
+  p.cache = std::make_shared<PlanCache>();
+  return p;
+}
+}  // namespace policy
 
-// keep_all: compute every needed node once, in graph (topological) order;
-// free each value this run computed right after its last consumer, unless
-// it is a target. Sinks are accumulated right after they are computed.
-Schedule plan_keep_all(const GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks) {
-  std::int32_t hi = -1;
-  for (auto t : targets) hi = std::max(hi, t);
-  for (const auto& s : sinks) hi = std::max(hi, s.node);
-  Schedule s;
-  s.targets = targets;
-  if (hi < 0) return s;
-  auto n = static_cast<std::size_t>(hi) + 1;
+bool save_matmuls(const NodeInfo& info) { return info.op == OpId::matmul; }
 
-  // needed: ancestors of targets/sinks that hold no value
-  std::vector<char> needed(n, 0), is_target(n, 0), is_sink(n, 0);
-  for (auto t : targets) { needed[static_cast<std::size_t>(t)] = 1; is_target[static_cast<std::size_t>(t)] = 1; }
-  for (const auto& sk : sinks) needed[static_cast<std::size_t>(sk.node)] = is_sink[static_cast<std::size_t>(sk.node)] = 1;
-  for (std::int32_t id = hi; id >= 0; --id) {
-    auto u = static_cast<std::size_t>(id);
-    if (!needed[u]) continue;
-    const Node& nd = g.node(id);
-    if (nd.value.defined()) { needed[u] = 0; continue; }  // already there: nothing to compute
-    for (auto in : nd.inputs) needed[static_cast<std::size_t>(in)] = 1;
-  }
-  // last consumer of each value computed here
-  std::vector<std::int32_t> last_use(n, -1);
-  for (std::int32_t id = 0; id <= hi; ++id)
-    if (needed[static_cast<std::size_t>(id)])
-      for (auto in : g.node(id).inputs) last_use[static_cast<std::size_t>(in)] = id;
-  // frees_after[c]: values whose last use is c (each listed once)
-  std::vector<std::vector<std::int32_t>> frees_after(n);
-  for (std::int32_t id = 0; id <= hi; ++id) {
-    auto u = static_cast<std::size_t>(id);
-    if (!needed[u] || is_target[u]) continue;
-    if (last_use[u] >= 0) frees_after[static_cast<std::size_t>(last_use[u])].push_back(id);
-  }
-  s.steps.reserve(3 * n);
-  // A sink may feed several parameters (e.g. loss = p + q shares one
-  // gradient node), and may already hold a value (then it is not recomputed).
-  auto accumulate = [&](std::int32_t id) {
-    for (std::size_t i = 0; i < sinks.size(); ++i)
-      if (sinks[i].node == id) s.steps.push_back({Step::Kind::accumulate, id, static_cast<std::int32_t>(i)});
-  };
-  for (std::size_t i = 0; i < sinks.size(); ++i) s.sinks.push_back(sinks[i].param);
-  for (std::int32_t id = 0; id <= hi; ++id) {
-    auto u = static_cast<std::size_t>(id);
-    if (is_sink[u] && !needed[u]) accumulate(id);  // value present before the run
-  }
-  for (std::int32_t id = 0; id <= hi; ++id) {
-    auto u = static_cast<std::size_t>(id);
-    if (!needed[u]) continue;
-    s.steps.push_back({Step::Kind::compute, id});
-    if (is_sink[u]) {
-      accumulate(id);
-      if (!is_target[u] && last_use[u] < 0) s.steps.push_back({Step::Kind::free, id});
-    }
-    for (auto f : frees_after[u]) s.steps.push_back({Step::Kind::free, f});
-  }
-  return s;
+Var checkpoint(const Var& x) {
+  if (!x.defined()) throw Error("checkpoint: undefined Var");
+  x.graph()->node(x.id()).checkpoint = true;
+  return x;
 }
 
+namespace {
+// Forward nodes that own memory (views are free to recompute and never kept).
+std::vector<std::int32_t> forward_storage(const planner::Problem& p) {
+  std::vector<std::int32_t> f;
+  for (auto id : p.forward)
+    if (!op_def(p.g.node(id).op).view) f.push_back(id);
+  return f;
+}
+std::vector<char> keep_mask(const planner::Problem& p, const Policy& pol) {
+  std::vector<char> keep(static_cast<std::size_t>(p.hi + 1), 0);
+  auto fs = forward_storage(p);
+  switch (pol.kind) {
+    case Policy::Kind::keep_all: std::fill(keep.begin(), keep.end(), 1); break;
+    case Policy::Kind::manual:
+      for (auto id : fs) keep[static_cast<std::size_t>(id)] = p.g.node(id).checkpoint;
+      break;
+    case Policy::Kind::uniform:
+    case Policy::Kind::sqrt_n: {
+      auto k = pol.kind == Policy::Kind::uniform
+                   ? pol.every
+                   : std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(fs.size())))));
+      for (std::size_t i = 0; i < fs.size(); ++i)
+        if ((static_cast<std::int64_t>(i) + 1) % k == 0) keep[static_cast<std::size_t>(fs[i])] = 1;
+      break;
+    }
+    case Policy::Kind::selective:
+      for (auto id : p.forward) {
+        const Node& nd = p.g.node(id);
+        auto u = static_cast<std::size_t>(id);
+        keep[u] = pol.keep(NodeInfo{id, nd.op, p.bytes[u], p.flops[u], nd.checkpoint});
+      }
+      break;
+    default: break;
+  }
+  return keep;
+}
+// Bytes of forward values (computed here, owning memory) held right after the
+// last target (the loss) is first computed, not counting the target itself.
+std::int64_t kept_bytes(const planner::Problem& p, const Schedule& s) {
+  std::vector<char> present(static_cast<std::size_t>(p.hi + 1), 0);
+  std::int64_t live = 0;
+  for (const Step& st : s.steps) {
+    auto u = static_cast<std::size_t>(st.node);
+    bool counted = st.node <= p.boundary && p.needed[u] && p.bytes[u] > 0;
+    if (st.kind == Step::Kind::compute) {
+      if (st.node == p.boundary) return live;
+      if (counted && !present[u]) live += p.bytes[u];
+      present[u] = 1;
+    } else if (st.kind == Step::Kind::free) {
+      if (counted && present[u]) live -= p.bytes[u];
+      present[u] = 0;
+    }
+  }
+  return live;
+}
 }  // namespace
 
 Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks,
               const Policy& policy) {
+  auto t0 = std::chrono::steady_clock::now();
   for (auto t : targets)
     if (t < 0 || static_cast<std::size_t>(t) >= g.nodes.size()) throw Error(fmt::format("plan: target {} is not a node", t));
+  for (const auto& s : sinks)
+    if (s.node < 0 || static_cast<std::size_t>(s.node) >= g.nodes.size())
+      throw Error(fmt::format("plan: sink {} is not a node", s.node));
+  std::vector<std::uint64_t> key;
   Schedule s;
+  if (policy.cache) {
+    key = PlanCache::key(g, targets, sinks);
+    if (policy.cache->find(key, s)) {
+      s.sinks.clear();  // the cached plan's steps, this call's parameters
+      for (const auto& sk : sinks) s.sinks.push_back(sk.param);
+      s.from_cache = true;
+      s.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      return s;
+    }
+  }
+  planner::Problem p(g, targets, sinks);
   switch (policy.kind) {
-    case Policy::Kind::keep_all: s = plan_keep_all(g, targets, sinks); break;
+    case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes); break;
+    case Policy::Kind::optimal_chain: s = planner::optimal_chain(p, policy.slots); break;
+    default: s = planner::keep_set(p, keep_mask(p, policy)); break;
   }
   s.predicted_peak_bytes = simulate_peak(g, s);
+  s.kept_bytes = kept_bytes(p, s);
+  s.policy = policy.name();
+  if (policy.cache) {
+    Schedule stored = s;
+    stored.sinks.clear();  // parameters are not part of the plan
+    policy.cache->insert(std::move(key), stored);
+  }
+  s.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
 

@@ -85,10 +85,9 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   return out;
 }
 
-Report backward(const Var& loss, const Policy& policy, const Var& seed) {
+Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
   if (!loss.defined()) throw Error("backward: loss is an undefined Var");
   GraphImpl& g = *loss.graph();
-  auto t0 = std::chrono::steady_clock::now();
   auto it = g.grad_cache.find(loss.id());
   if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
     // Parameters the loss depends on.
@@ -112,19 +111,28 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
       e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
     it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
   }
-  Schedule s = plan(g, {loss.id()}, it->second.sinks, policy);
+  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy)};
+}
+
+Report backward(const Var& loss, const Policy& policy, const Var& seed) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto p = std::make_shared<Plan>(plan_backward(loss, policy, seed));
   auto t1 = std::chrono::steady_clock::now();
-  RunStats rs = execute(g, s);
+  RunStats rs = execute(*p->graph, p->schedule);
   Report r;
-  r.policy = policy.name();
-  r.predicted_peak_bytes = s.predicted_peak_bytes;
+  r.policy = p->schedule.policy;
+  r.predicted_peak_bytes = p->schedule.predicted_peak_bytes;
   r.measured_peak_bytes = rs.measured_peak_bytes;
   r.baseline_bytes = rs.baseline_bytes;
+  r.kept_bytes = p->schedule.kept_bytes;
   r.computed_nodes = rs.computed_nodes;
   r.recomputed_nodes = rs.recomputed_nodes;
-  r.steps = static_cast<std::int64_t>(s.steps.size());
+  r.recompute_flops = p->schedule.recompute_flops;
+  r.steps = static_cast<std::int64_t>(p->schedule.steps.size());
+  r.plan_cached = p->schedule.from_cache;
   r.plan_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   r.run_ms = rs.run_ms;
+  r.plan = std::move(p);
   return r;
 }
 

@@ -41,6 +41,7 @@ void run_compute(GraphImpl& g, std::int32_t id, std::vector<const Tensor*>& ins)
   def.cpu(a);
   nd.value = std::move(out);
   ++nd.times_computed;
+  ++nd.last_run_computes;
 }
 
 void accumulate_into(const Parameter& p, const Tensor& v) {
@@ -61,13 +62,16 @@ RunStats execute(GraphImpl& g, const Schedule& s) {
   RunStats r;
   r.baseline_bytes = g.alloc->reset_peak();
   std::vector<const Tensor*> ins;
+  for (const Step& st : s.steps)
+    if (st.kind == Step::Kind::compute && st.node >= 0 && static_cast<std::size_t>(st.node) < g.nodes.size())
+      g.node(st.node).last_run_computes = 0;
   for (const Step& st : s.steps) {
     if (st.node < 0 || static_cast<std::size_t>(st.node) >= g.nodes.size())
       throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
     Node& nd = g.node(st.node);
     switch (st.kind) {
       case Step::Kind::compute:
-        if (nd.times_computed > 0) ++r.recomputed_nodes;
+        if (nd.last_run_computes > 0) ++r.recomputed_nodes;
         run_compute(g, st.node, ins);
         ++r.computed_nodes;
         break;

@@ -55,6 +55,8 @@ struct Node {
   Tensor value;                        // present or not
   std::shared_ptr<ParamState> param;   // parameter leaves
   std::int32_t times_computed = 0;     // by executors, over this graph's life
+  std::int32_t last_run_computes = 0;  // compute steps of this node in the last executed schedule
+  bool checkpoint = false;             // marked by ad::checkpoint (policy::manual keeps it)
 };
 
 struct OpDef;

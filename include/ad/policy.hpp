@@ -1,0 +1,74 @@
+#pragma once
+// Rematerialisation policies: which values a step keeps, which it frees and
+// recomputes when needed. A Policy is cheap to copy; copies share one plan
+// cache, so create the policy once and pass it to every step of a loop.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ad/graph.hpp"
+
+namespace ad {
+
+// What a selective predicate sees of a forward node.
+struct NodeInfo {
+  std::int32_t id;
+  OpId op;
+  std::int64_t bytes;  // size of its value
+  double flops;        // cost of recomputing it (the op's cost model)
+  bool checkpoint;     // marked with ad::checkpoint()
+};
+using KeepFn = std::function<bool(const NodeInfo&)>;
+
+class PlanCache;
+
+struct Policy {
+  enum class Kind : std::uint8_t { keep_all, manual, uniform, sqrt_n, selective, budget, optimal_chain };
+  Kind kind = Kind::keep_all;
+  std::int64_t every = 0;         // uniform: keep every k-th forward node
+  std::int64_t budget_bytes = 0;  // budget: peak bytes never exceeded
+  std::int32_t slots = 0;         // optimal_chain: snapshots, counting the input's
+  KeepFn keep;                    // selective: true = keep the value
+  std::shared_ptr<PlanCache> cache;  // plans reused for graphs of the same structure
+  std::string name() const;
+};
+
+namespace policy {
+// Keeps every value until its last use, then frees it. No recomputation.
+Policy keep_all();
+// Keeps only nodes marked with ad::checkpoint() (and leaves); every other
+// forward value is freed after the forward pass and recomputed when needed.
+Policy manual();
+// Keeps every k-th forward node (k >= 1; k = 1 keeps all).
+Policy uniform(std::int64_t k);
+// Chen et al.: keeps every ceil(sqrt(n))-th of the n forward nodes.
+Policy sqrt_n();
+// Keeps the forward nodes for which keep(info) is true (JAX-style
+// checkpoint policies); see save_matmuls().
+Policy selective(KeepFn keep);
+// The cheapest schedule (by recompute flops) whose peak fits in `bytes`.
+// backward() throws ad::Error stating the minimum feasible budget when it
+// cannot fit. The measured peak never exceeds `bytes`.
+Policy budget(std::int64_t bytes);
+// For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
+// Walther) with `slots` snapshots (counting the one holding the input);
+// executes the minimum number of forward steps. Throws ad::Error if the
+// graph is not a chain.
+Policy optimal_chain(std::int32_t slots);
+}  // namespace policy
+
+// A ready predicate for selective(): keep matmul outputs, recompute the rest.
+bool save_matmuls(const NodeInfo& info);
+
+// Marks x's node as a checkpoint for policy::manual() (and returns x).
+Var checkpoint(const Var& x);
+
+// Byte-size literals: 64_MiB, 512_KiB.
+inline namespace literals {
+constexpr std::int64_t operator""_KiB(unsigned long long v) { return static_cast<std::int64_t>(v) << 10; }
+constexpr std::int64_t operator""_MiB(unsigned long long v) { return static_cast<std::int64_t>(v) << 20; }
+constexpr std::int64_t operator""_GiB(unsigned long long v) { return static_cast<std::int64_t>(v) << 30; }
+}  // namespace literals
+
+}  // namespace ad

@@ -1,0 +1,71 @@
+#include "checkpoint/cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/graph_impl.hpp"
+
+namespace ad {
+
+std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<std::int32_t>& targets,
+                                          const std::vector<Sink>& sinks) {
+  std::int32_t hi = -1;
+  for (auto t : targets) hi = std::max(hi, t);
+  for (const auto& s : sinks) hi = std::max(hi, s.node);
+  std::vector<std::uint64_t> k;
+  k.reserve(static_cast<std::size_t>(hi + 1) * 24 + 8);
+  auto shape = [&](const Shape& s) {
+    k.push_back(static_cast<std::uint64_t>(s.rank()));
+    for (auto d : s) k.push_back(static_cast<std::uint64_t>(d));
+  };
+  auto dbl = [&](double d) { std::uint64_t u; std::memcpy(&u, &d, 8); k.push_back(u); };
+  for (std::int32_t id = 0; id <= hi; ++id) {
+    const Node& n = g.node(id);
+    k.push_back(static_cast<std::uint64_t>(n.op) | (static_cast<std::uint64_t>(n.value.defined()) << 16) |
+                (static_cast<std::uint64_t>(n.checkpoint) << 17) | (static_cast<std::uint64_t>(n.meta.dtype) << 24) |
+                (static_cast<std::uint64_t>(n.inputs.size()) << 32));
+    for (auto in : n.inputs) k.push_back(static_cast<std::uint64_t>(in));
+    shape(n.meta.shape);
+    const Attrs& a = n.attrs;
+    shape(a.shape);
+    shape(a.axes);
+    k.push_back(static_cast<std::uint64_t>(a.axis));
+    k.push_back(static_cast<std::uint64_t>(a.start));
+    k.push_back(static_cast<std::uint64_t>(a.stop));
+    dbl(a.scalar);
+    k.push_back(static_cast<std::uint64_t>(a.keepdim) | (static_cast<std::uint64_t>(a.trans_a) << 1) |
+                (static_cast<std::uint64_t>(a.trans_b) << 2) | (static_cast<std::uint64_t>(a.reduction) << 8) |
+                (static_cast<std::uint64_t>(a.dtype) << 16) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.which)) << 32));
+    k.push_back(a.seed);
+    k.push_back(a.offset);
+  }
+  k.push_back(~0ull);
+  for (auto t : targets) k.push_back(static_cast<std::uint64_t>(t));
+  k.push_back(~0ull);
+  for (const auto& s : sinks) k.push_back(static_cast<std::uint64_t>(s.node));
+  return k;
+}
+
+bool PlanCache::find(const std::vector<std::uint64_t>& k, Schedule& out) {
+  std::lock_guard<std::mutex> lock(m_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (it->key == k) {
+      entries_.splice(entries_.begin(), entries_, it);
+      out = entries_.front().s;
+      return true;
+    }
+  return false;
+}
+
+void PlanCache::insert(std::vector<std::uint64_t> k, const Schedule& s) {
+  std::lock_guard<std::mutex> lock(m_);
+  entries_.push_front({std::move(k), s});
+  if (entries_.size() > kCapacity) entries_.pop_back();
+}
+
+std::size_t PlanCache::size() {
+  std::lock_guard<std::mutex> lock(m_);
+  return entries_.size();
+}
+
+}  // namespace ad

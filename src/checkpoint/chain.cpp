@@ -1,0 +1,122 @@
+// policy::optimal_chain — Revolve / binomial checkpointing (Griewank and
+// Walther) on chain-shaped graphs.
+//
+// The forward nodes f_1..f_l form a chain x_0 -> x_1 -> ... -> x_l when each
+// f_i reads only leaves and f_{i-1} (x_0 is the input, a leaf). Reversing
+// step i runs f_i once more from x_{i-1} (the fused step) and then the
+// gradient nodes of step i. With s snapshots (counting the one that holds
+// x_0), the forward steps before the fused ones are at least
+//   T(l, s) = min_{0<j<l} { j + T(l-j, s-1) + T(j, s) },  T(1, s) = 0,
+//   T(l, 1) = l(l-1)/2,
+// whose closed form is r*l - C(s+r, s+1) with r the least integer such that
+// C(s+r, s) >= l. The schedule below attains it, so the engine computes
+// forward nodes exactly T(l, s) + l times.
+#include <algorithm>
+#include <limits>
+
+#include "checkpoint/planner.hpp"
+#include "checkpoint/revolve.hpp"
+
+namespace ad::planner {
+
+namespace {
+
+class Revolver {
+ public:
+  Revolver(const Problem& p, std::int32_t slots) : p_(p), b_(p), slots_(slots) {
+    const auto& f = p.forward;
+    l_ = static_cast<std::int64_t>(f.size());
+    index_.assign(static_cast<std::size_t>(p.hi + 1), 0);
+    for (std::size_t i = 0; i < f.size(); ++i) index_[static_cast<std::size_t>(f[i])] = static_cast<std::int64_t>(i) + 1;
+    // chain check: f_i reads only leaves / present values and f_{i-1}
+    for (std::size_t i = 0; i < f.size(); ++i)
+      for (auto in : p.g.node(f[i]).inputs) {
+        auto k = index_[static_cast<std::size_t>(in)];
+        if (k != 0 && k != static_cast<std::int64_t>(i))
+          throw Error(fmt::format("optimal_chain: the graph is not a chain: {}#{} (step {}) reads {}#{} (step {})",
+                                  op_def(p.g.node(f[i]).op).name, f[i], i + 1, op_def(p.g.node(in).op).name, in, k));
+      }
+    // step of each gradient node: the forward step whose reversal runs it
+    step_.assign(static_cast<std::size_t>(p.hi + 1), 0);
+    by_step_.assign(static_cast<std::size_t>(l_ + 1), {});
+    uses_left_.assign(static_cast<std::size_t>(p.hi + 1), 0);
+    for (auto id : p.order) {
+      if (id <= p.boundary) continue;
+      std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0, from_grads = l_;
+      bool fwd = false;
+      for (auto in : p.g.node(id).inputs) {
+        auto k = index_[static_cast<std::size_t>(in)];
+        if (k) { fwd = true; lo = std::min(lo, k); hi = std::max(hi, k); }
+        else if (in > p.boundary && p.needed[static_cast<std::size_t>(in)]) from_grads = std::min(from_grads, step_[static_cast<std::size_t>(in)]);
+        if (p.needed[static_cast<std::size_t>(in)] && in > p.boundary) ++uses_left_[static_cast<std::size_t>(in)];
+      }
+      std::int64_t st = fwd ? hi : from_grads;
+      if (fwd && (hi - lo > 1 || hi > from_grads))
+        throw Error(fmt::format("optimal_chain: gradient node {}#{} reads forward steps {}..{}: not a chain's backward",
+                                op_def(p.g.node(id).op).name, id, lo, hi));
+      step_[static_cast<std::size_t>(id)] = std::max<std::int64_t>(st, 1);
+      by_step_[static_cast<std::size_t>(step_[static_cast<std::size_t>(id)])].push_back(id);
+    }
+  }
+
+  Schedule run() {
+    if (l_ > 0) reverse(0, l_, slots_);
+    return b_.finish();
+  }
+
+ private:
+  std::int32_t f(std::int64_t i) const { return p_.forward[static_cast<std::size_t>(i - 1)]; }
+  // x_i for i >= 1 is f_i's value; x_0 is the (always present) input.
+  void drop(std::int64_t i) { if (i >= 1) b_.free(f(i)); }
+  // computes x_{a+1} .. x_{c} from x_a, keeping only x_c (and x_a)
+  void advance(std::int64_t a, std::int64_t c) {
+    for (std::int64_t i = a + 1; i <= c; ++i) {
+      b_.compute(f(i));
+      if (i - 1 > a) drop(i - 1);
+    }
+  }
+  // fused step: x_i from x_{i-1}, then step i's gradient nodes
+  void reverse_step(std::int64_t i) {
+    b_.compute(f(i));
+    for (auto id : by_step_[static_cast<std::size_t>(i)]) {
+      b_.compute(id);
+      for (auto in : p_.g.node(id).inputs) {
+        auto u = static_cast<std::size_t>(in);
+        if (in > p_.boundary && p_.needed[u] && --uses_left_[u] == 0) b_.free(in);
+      }
+      if (uses_left_[static_cast<std::size_t>(id)] == 0) b_.free(id);
+    }
+    drop(i);
+  }
+  // reverses steps b..a+1; x_a is held; s snapshots including x_a's
+  void reverse(std::int64_t a, std::int64_t b, std::int64_t s) {
+    std::int64_t n = b - a;
+    if (n == 1) { reverse_step(b); return; }
+    if (s == 1) {
+      for (std::int64_t i = b; i > a; --i) {
+        advance(a, i - 1);
+        reverse_step(i);
+        if (i - 1 > a) drop(i - 1);
+      }
+      return;
+    }
+    std::int64_t j = revolve::best_split(n, s);
+    advance(a, a + j);
+    reverse(a + j, b, s - 1);
+    drop(a + j);
+    reverse(a, a + j, s);
+  }
+
+  const Problem& p_;
+  Builder b_;
+  std::int64_t slots_, l_ = 0;
+  std::vector<std::int64_t> index_, step_;
+  std::vector<std::vector<std::int32_t>> by_step_;
+  std::vector<std::int32_t> uses_left_;
+};
+
+}  // namespace
+
+Schedule optimal_chain(const Problem& p, std::int32_t slots) { return Revolver(p, slots).run(); }
+
+}  // namespace ad::planner

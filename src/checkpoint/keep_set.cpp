@@ -1,0 +1,167 @@
+// The planning problem, the schedule builder, and keep-set schedules (the
+// policies keep_all, manual, uniform, sqrt_n and selective are keep sets).
+#include <algorithm>
+
+#include "checkpoint/planner.hpp"
+
+namespace ad::planner {
+
+Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, const std::vector<Sink>& sk)
+    : g(graph), targets(t), sinks(sk) {
+  for (auto x : targets) hi = std::max(hi, x);
+  boundary = hi;
+  for (const auto& s : sinks) hi = std::max(hi, s.node);
+  auto n = static_cast<std::size_t>(hi + 1);
+  needed.assign(n, 0);
+  pinned.assign(n, 0);
+  target_mask.assign(n, 0);
+  sink_mask.assign(n, 0);
+  consumers.assign(n, {});
+  bytes.assign(n, 0);
+  ws.assign(n, 0);
+  flops.assign(n, 0);
+  for (auto x : targets) needed[static_cast<std::size_t>(x)] = target_mask[static_cast<std::size_t>(x)] = 1;
+  for (const auto& s : sinks) needed[static_cast<std::size_t>(s.node)] = sink_mask[static_cast<std::size_t>(s.node)] = 1;
+  for (std::int32_t id = hi; id >= 0; --id) {
+    auto u = static_cast<std::size_t>(id);
+    const Node& nd = g.node(id);
+    if (nd.value.defined()) { needed[u] = 0; pinned[u] = 1; continue; }
+    if (!needed[u]) continue;
+    for (auto in : nd.inputs) needed[static_cast<std::size_t>(in)] = 1;
+  }
+  std::vector<const Meta*> metas;
+  for (std::int32_t id = 0; id <= hi; ++id) {
+    auto u = static_cast<std::size_t>(id);
+    if (target_mask[u]) pinned[u] = 1;
+    if (!needed[u]) continue;
+    const Node& nd = g.node(id);
+    const OpDef& def = op_def(nd.op);
+    order.push_back(id);
+    if (id <= boundary) forward.push_back(id);
+    for (std::size_t i = 0; i < nd.inputs.size(); ++i) {
+      auto in = nd.inputs[i];
+      bool dup = std::find(nd.inputs.begin(), nd.inputs.begin() + static_cast<std::ptrdiff_t>(i), in) !=
+                 nd.inputs.begin() + static_cast<std::ptrdiff_t>(i);
+      if (!dup) consumers[static_cast<std::size_t>(in)].push_back(id);
+    }
+    bytes[u] = def.view ? 0 : static_cast<std::int64_t>(nd.meta.nbytes());
+    metas.clear();
+    for (auto in : nd.inputs) metas.push_back(&g.node(in).meta);
+    InferArgs a{def, metas, nd.attrs};
+    if (def.workspace) ws[u] = std::max<std::int64_t>(0, def.workspace(a, nd.meta));
+    flops[u] = def.flops ? def.flops(a, nd.meta) : static_cast<double>(nd.meta.shape.numel());
+  }
+}
+
+bool Problem::is_target(std::int32_t id) const { return target_mask[static_cast<std::size_t>(id)] != 0; }
+
+std::int64_t Problem::lower_bound() const {
+  // storage owner of each node (views share their base's storage)
+  std::vector<std::int32_t> owner(static_cast<std::size_t>(hi + 1));
+  for (std::int32_t id = 0; id <= hi; ++id) {
+    const Node& nd = g.node(id);
+    owner[static_cast<std::size_t>(id)] = op_def(nd.op).view ? owner[static_cast<std::size_t>(nd.inputs[0])] : id;
+  }
+  std::int64_t lb = 0;
+  std::vector<std::int32_t> seen;
+  for (auto id : order) {
+    const Node& nd = g.node(id);
+    std::int64_t need = bytes[static_cast<std::size_t>(id)] + ws[static_cast<std::size_t>(id)];
+    seen.clear();
+    for (auto in : nd.inputs) {
+      auto o = owner[static_cast<std::size_t>(in)];
+      if (!needed[static_cast<std::size_t>(o)] || std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+      seen.push_back(o);
+      need += bytes[static_cast<std::size_t>(o)];
+    }
+    lb = std::max(lb, need);
+  }
+  return lb;
+}
+
+Builder::Builder(const Problem& prob) : p(prob) {
+  auto n = static_cast<std::size_t>(p.hi + 1);
+  present_.assign(n, 0);
+  computed_.assign(n, 0);
+  cursor_.assign(n, 0);
+  for (std::size_t i = 0; i < n; ++i) present_[i] = p.g.nodes[i].value.defined();
+  s.steps.reserve(3 * p.order.size());
+  for (const auto& sk : p.sinks) s.sinks.push_back(sk.param);
+  s.targets = p.targets;
+  // sinks that already hold a value are accumulated up front
+  for (std::size_t i = 0; i < p.sinks.size(); ++i)
+    if (present_[static_cast<std::size_t>(p.sinks[i].node)])
+      s.steps.push_back({Step::Kind::accumulate, p.sinks[i].node, static_cast<std::int32_t>(i)});
+}
+
+void Builder::compute(std::int32_t id) {
+  auto u = static_cast<std::size_t>(id);
+  s.steps.push_back({Step::Kind::compute, id});
+  if (computed_[u]) {
+    ++s.recomputed_nodes;
+    s.recompute_flops += p.flops[u];
+  } else if (p.is_sink(id)) {  // accumulated once, right after its first computation
+    for (std::size_t i = 0; i < p.sinks.size(); ++i)
+      if (p.sinks[i].node == id) s.steps.push_back({Step::Kind::accumulate, id, static_cast<std::int32_t>(i)});
+  }
+  computed_[u] = 1;
+  present_[u] = 1;
+}
+
+void Builder::free(std::int32_t id) {
+  auto u = static_cast<std::size_t>(id);
+  if (!present_[u] || p.pinned[u]) return;
+  s.steps.push_back({Step::Kind::free, id});
+  present_[u] = 0;
+}
+
+void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched) {
+  std::vector<std::int32_t> stack{id};
+  while (!stack.empty()) {
+    std::int32_t t = stack.back();
+    if (present(t)) { stack.pop_back(); continue; }
+    bool waiting = false;
+    for (auto in : p.g.node(t).inputs)
+      if (!present(in)) { stack.push_back(in); waiting = true; break; }
+    if (waiting) continue;
+    compute(t);
+    if (touched) touched->push_back(t);
+    stack.pop_back();
+  }
+}
+
+std::int32_t Builder::next_use(std::int32_t id, std::int32_t after) {
+  auto u = static_cast<std::size_t>(id);
+  const auto& c = p.consumers[u];
+  std::size_t& k = cursor_[u];
+  while (k < c.size() && c[k] <= after) ++k;
+  return k < c.size() ? c[k] : -1;
+}
+
+Schedule Builder::finish() { return std::move(s); }
+
+Schedule keep_set(const Problem& p, const std::vector<char>& keep) {
+  Builder b(p);
+  const std::int32_t L = p.boundary;
+  std::vector<std::int32_t> touched, cand;
+  for (auto d : p.order) {
+    touched.clear();
+    b.ensure(d, &touched);
+    // Values this demand used or made: free those with no later use, and in
+    // the forward pass those not kept whose next use is in backward.
+    cand.clear();
+    cand.push_back(d);
+    for (auto t : touched) {
+      cand.push_back(t);
+      for (auto in : p.g.node(t).inputs) cand.push_back(in);
+    }
+    for (auto u : cand) {
+      if (!b.present(u) || p.pinned[static_cast<std::size_t>(u)]) continue;
+      std::int32_t nu = b.next_use(u, d);
+      if (nu < 0 || (u <= L && d <= L && nu > L && !keep[static_cast<std::size_t>(u)])) b.free(u);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace ad::planner

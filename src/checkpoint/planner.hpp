@@ -1,0 +1,71 @@
+#pragma once
+// Internal: what every planner shares. A planner sees the graph only through
+// node structure, metas and OpDef fields (view, flops, workspace, saves) —
+// never an op by name.
+#include <cstdint>
+#include <vector>
+
+#include "core/graph_impl.hpp"
+
+namespace ad::planner {
+
+// The problem: compute `targets` and the sinks' nodes (accumulating each into
+// its parameter) from the values present now.
+struct Problem {
+  const GraphImpl& g;
+  std::vector<std::int32_t> targets;
+  std::vector<Sink> sinks;
+  std::int32_t hi = -1;        // largest node id involved
+  std::int32_t boundary = -1;  // forward nodes are ids <= boundary (the last target)
+  std::vector<char> needed;    // computed at least once by any schedule (no value now)
+  std::vector<char> pinned;    // never freed: leaves, values present before the run, targets
+  std::vector<std::vector<std::int32_t>> consumers;  // needed consumers, ascending ids
+  std::vector<std::int64_t> bytes;  // bytes a compute allocates (0 for views)
+  std::vector<std::int64_t> ws;     // workspace bytes during the kernel
+  std::vector<double> flops;
+  std::vector<std::int32_t> forward;  // needed nodes with id <= boundary, ascending
+  std::vector<std::int32_t> order;    // all needed nodes, ascending (the demand order)
+
+  Problem(const GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks);
+  bool is_target(std::int32_t id) const;
+  bool is_sink(std::int32_t id) const { return sink_mask[static_cast<std::size_t>(id)] != 0; }
+  // Bytes the largest single step needs live at once: its inputs computed by
+  // the graph, its output and its workspace. No schedule can do with less.
+  std::int64_t lower_bound() const;
+
+  std::vector<char> target_mask, sink_mask;
+};
+
+// Builds schedules step by step while tracking which values are present, and
+// counts recomputations. Planners drive it.
+class Builder {
+ public:
+  explicit Builder(const Problem& p);
+  bool present(std::int32_t id) const { return present_[static_cast<std::size_t>(id)] != 0; }
+  void compute(std::int32_t id);   // inputs must be present
+  void free(std::int32_t id);      // no-op for pinned values
+  void accumulate_sinks(std::int32_t id);
+  // Computes id and, recursively, any absent input (recomputing from the
+  // nearest present values). Appends every node computed to `touched`.
+  void ensure(std::int32_t id, std::vector<std::int32_t>* touched = nullptr);
+  // First needed consumer of id with id > after, or -1.
+  std::int32_t next_use(std::int32_t id, std::int32_t after);
+  Schedule finish();
+
+  const Problem& p;
+  Schedule s;
+
+ private:
+  std::vector<char> present_, computed_;
+  std::vector<std::size_t> cursor_;
+};
+
+// Schedule keeping `keep` (forward nodes; others are freed once the forward
+// pass no longer needs them and recomputed on demand in backward, where
+// recomputed values stay until their last use).
+Schedule keep_set(const Problem& p, const std::vector<char>& keep);
+
+Schedule budget(const Problem& p, std::int64_t bytes);
+Schedule optimal_chain(const Problem& p, std::int32_t slots);
+
+}  // namespace ad::planner
