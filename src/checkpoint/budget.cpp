@@ -5,7 +5,8 @@
 // keep sets that drop the forward values cheapest to recompute per byte,
 // uniform keep sets, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
-// memory levels from the lower bound up to the keep_all peak. Each candidate's
+// memory levels from the lower bound up to the keep_all peak, and, for
+// chain-shaped graphs, binomial (Revolve) schedules. Each candidate's
 // peak is simulated exactly; the plan for a budget B is the first candidate,
 // in (recompute cost, peak) order, whose peak is <= B. Because the list does
 // not depend on B, lowering the budget never raises the peak.
@@ -92,6 +93,8 @@ class Dtr {
     double best_h = 0;
     for (auto id : p_.order) {
       auto u = static_cast<std::size_t>(id);
+      // only forward values: recomputing a gradient value would replay the backward pass behind it
+      if (id > p_.boundary) break;
       if (!b_.present(id) || p_.pinned[u] || lock_[u] || is_view(id) || view_refs_[u] || p_.bytes[u] == 0) continue;
       double stale = static_cast<double>(clock_ - last_[u] + 1);
       double h = (p_.flops[u] + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
@@ -166,6 +169,16 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
                                                       static_cast<double>(r) / kRungs);
     if (auto s = Dtr(p, r == 0 ? lb : static_cast<std::int64_t>(level)).run()) add(std::move(*s));
   }
+  // chains: binomial (Revolve) schedules with growing numbers of snapshots
+  bool chain = true;
+  for (auto k : ladder(static_cast<std::int64_t>(p.forward.size()))) {
+    if (!chain || k > 64) break;
+    try {
+      add(optimal_chain(p, static_cast<std::int32_t>(k)));
+    } catch (const Error&) {
+      chain = false;  // not a chain: no Revolve candidates
+    }
+  }
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.s.recompute_flops != b.s.recompute_flops) return a.s.recompute_flops < b.s.recompute_flops;
     if (a.peak != b.peak) return a.peak < b.peak;
@@ -179,6 +192,14 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
       if (simulate_peak(p.g, *s) <= bytes) return std::move(*s);
   std::int64_t best = cands[0].peak;
   for (const auto& c : cands) best = std::min(best, c.peak);
+  // The least memory level at which a DTR schedule still fits (bisection).
+  for (std::int64_t lo = lb, hi = best; lo < hi;) {
+    std::int64_t mid = lo + (hi - lo) / 2;
+    auto s = Dtr(p, mid).run();
+    std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
+    if (s && pk <= mid) { best = std::min(best, pk); hi = std::min(mid, pk); }
+    else lo = mid + 1;
+  }
   throw Error(fmt::format("budget: {} B is below the minimum feasible peak of {} B for this step "
                           "(its largest single step alone needs {} B)",
                           bytes, best, lb));

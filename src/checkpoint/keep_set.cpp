@@ -140,25 +140,53 @@ std::int32_t Builder::next_use(std::int32_t id, std::int32_t after) {
 
 Schedule Builder::finish() { return std::move(s); }
 
+// Horizon of each forward value: the last gradient node that needs it,
+// directly or through forward values that are not kept (and so may have to
+// be recomputed from it). -1 if backward never needs it.
+std::vector<std::int32_t> horizons(const Problem& p, const std::vector<char>& keep) {
+  const std::int32_t L = p.boundary;
+  std::vector<std::int32_t> h(static_cast<std::size_t>(p.hi + 1), -1);
+  for (auto it = p.forward.rbegin(); it != p.forward.rend(); ++it) {
+    auto u = static_cast<std::size_t>(*it);
+    for (auto c : p.consumers[u]) {
+      auto uc = static_cast<std::size_t>(c);
+      if (c > L) h[u] = std::max(h[u], c);
+      else if (!keep[uc]) h[u] = std::max(h[u], h[uc]);
+    }
+  }
+  // leaves and values present before the run are pinned; their horizon is irrelevant
+  return h;
+}
+
 Schedule keep_set(const Problem& p, const std::vector<char>& keep) {
   Builder b(p);
   const std::int32_t L = p.boundary;
+  const auto h = horizons(p, keep);
+  std::vector<std::vector<std::int32_t>> expire(static_cast<std::size_t>(p.hi + 1));
+  for (auto id : p.forward)
+    if (h[static_cast<std::size_t>(id)] > L) expire[static_cast<std::size_t>(h[static_cast<std::size_t>(id)])].push_back(id);
   std::vector<std::int32_t> touched, cand;
   for (auto d : p.order) {
     touched.clear();
     b.ensure(d, &touched);
-    // Values this demand used or made: free those with no later use, and in
-    // the forward pass those not kept whose next use is in backward.
+    // Values this demand used or made, and forward values whose horizon this is.
     cand.clear();
     cand.push_back(d);
     for (auto t : touched) {
       cand.push_back(t);
       for (auto in : p.g.node(t).inputs) cand.push_back(in);
     }
+    for (auto x : expire[static_cast<std::size_t>(d)]) cand.push_back(x);
     for (auto u : cand) {
-      if (!b.present(u) || p.pinned[static_cast<std::size_t>(u)]) continue;
+      auto uu = static_cast<std::size_t>(u);
+      if (!b.present(u) || p.pinned[uu]) continue;
       std::int32_t nu = b.next_use(u, d);
-      if (nu < 0 || (u <= L && d <= L && nu > L && !keep[static_cast<std::size_t>(u)])) b.free(u);
+      bool drop;
+      if (u > L) drop = nu < 0;                                   // gradient values: after last use
+      else if (d > L) drop = h[uu] <= d;                          // backward: once nothing needs it
+      else if (nu >= 0 && nu <= L) drop = false;                  // forward still reads it
+      else drop = !keep[uu] || h[uu] <= d;                        // forward done: keep only what is kept
+      if (drop) b.free(u);
     }
   }
   return b.finish();
