@@ -30,6 +30,7 @@ struct Schedule {
   std::int64_t recomputed_nodes = 0;  // compute steps of nodes already computed earlier in the schedule
   double recompute_flops = 0;         // their cost by the op cost model
   std::int64_t kept_bytes = 0;        // forward values held when the loss was first computed
+  std::int64_t budget_bytes = 0;      // > 0: the executor never lets the step exceed this (policy::budget)
   std::string policy;                 // name of the policy that made it
   double plan_ms = 0;
   bool from_cache = false;
@@ -59,6 +60,7 @@ struct RunStats {
   std::int64_t baseline_bytes = 0;       // graph bytes live when the run began
   std::int64_t computed_nodes = 0;
   std::int64_t recomputed_nodes = 0;     // computes of a node already computed earlier in this run
+  std::int64_t evictions = 0;            // values the budget guard had to evict (0 when the plan was right)
   double run_ms = 0;
 };
 
@@ -88,6 +90,7 @@ struct Report {
   std::int64_t computed_nodes = 0;
   std::int64_t recomputed_nodes = 0;
   double recompute_flops = 0;             // extra flops spent recomputing (cost model)
+  std::int64_t evictions = 0;             // values the executor's budget guard evicted (0 when the plan is exact)
   std::int64_t steps = 0;
   bool plan_cached = false;               // the plan came from the policy's cache
   double plan_ms = 0;

@@ -158,6 +158,7 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   }
   s.predicted_peak_bytes = simulate_peak(g, s);
   s.kept_bytes = kept_bytes(p, s);
+  if (policy.kind == Policy::Kind::budget) s.budget_bytes = policy.budget_bytes;
   s.policy = policy.name();
   if (policy.cache) {
     Schedule stored = s;

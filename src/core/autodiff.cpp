@@ -127,6 +127,7 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
   r.kept_bytes = p->schedule.kept_bytes;
   r.computed_nodes = rs.computed_nodes;
   r.recomputed_nodes = rs.recomputed_nodes;
+  r.evictions = rs.evictions;
   r.recompute_flops = p->schedule.recompute_flops;
   r.steps = static_cast<std::int64_t>(p->schedule.steps.size());
   r.plan_cached = p->schedule.from_cache;

@@ -2,6 +2,7 @@
 // as listed, and measures the peak through the graph's allocator.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -11,38 +12,6 @@
 namespace ad {
 
 namespace {
-void run_compute(GraphImpl& g, std::int32_t id, std::vector<const Tensor*>& ins) {
-  Node& nd = g.node(id);
-  const OpDef& def = op_def(nd.op);
-  if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));
-  ins.clear();
-  for (auto in : nd.inputs) {
-    const Tensor& t = g.node(in).value;
-    if (!t.defined())
-      throw Error(fmt::format("execute: {}#{} needs input {}#{} which holds no value (bad schedule)", def.name, id,
-                              op_def(g.node(in).op).name, in));
-    ins.push_back(&t);
-  }
-  if (nd.meta.device.kind != DeviceKind::cpu)
-    throw Error(fmt::format("{}: no kernel for device kind {} in this build", def.name, static_cast<int>(nd.meta.device.kind)));
-  Tensor out;
-  if (!def.view) {
-    out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g.alloc);
-    if (g.poison_outputs && out.nbytes()) std::memset(out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
-  }
-  std::unique_ptr<Storage> ws;  // counted by the graph's allocator, freed after the kernel
-  if (def.workspace) {
-    std::vector<const Meta*> metas;
-    for (auto in : nd.inputs) metas.push_back(&g.node(in).meta);
-    auto b = def.workspace(InferArgs{def, metas, nd.attrs}, nd.meta);
-    if (b > 0) ws = std::make_unique<Storage>(g.alloc, static_cast<std::size_t>(b));
-  }
-  KernelArgs a{ins, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
-  def.cpu(a);
-  nd.value = std::move(out);
-  ++nd.times_computed;
-  ++nd.last_run_computes;
-}
 
 void accumulate_into(const Parameter& p, const Tensor& v) {
   ParamState& s = *p.state();
@@ -55,42 +24,160 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
   }
   kernels::add_into(s.grad, v);
 }
-}  // namespace
 
-RunStats execute(GraphImpl& g, const Schedule& s) {
-  auto t0 = std::chrono::steady_clock::now();
-  RunStats r;
-  r.baseline_bytes = g.alloc->reset_peak();
-  std::vector<const Tensor*> ins;
-  for (const Step& st : s.steps)
-    if (st.kind == Step::Kind::compute && st.node >= 0 && static_cast<std::size_t>(st.node) < g.nodes.size())
-      g.node(st.node).last_run_computes = 0;
-  for (const Step& st : s.steps) {
-    if (st.node < 0 || static_cast<std::size_t>(st.node) >= g.nodes.size())
-      throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
-    Node& nd = g.node(st.node);
-    switch (st.kind) {
-      case Step::Kind::compute:
-        if (nd.last_run_computes > 0) ++r.recomputed_nodes;
-        run_compute(g, st.node, ins);
-        ++r.computed_nodes;
-        break;
-      case Step::Kind::free: nd.value = Tensor{}; break;
-      case Step::Kind::accumulate:
-        if (st.aux < 0 || static_cast<std::size_t>(st.aux) >= s.sinks.size() ||
-            !s.sinks[static_cast<std::size_t>(st.aux)].defined())
-          throw Error(fmt::format("execute: accumulate step names sink {} of {}", st.aux, s.sinks.size()));
-        if (!nd.value.defined())
-          throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)", op_def(nd.op).name,
-                                  st.node));
-        accumulate_into(s.sinks[static_cast<std::size_t>(st.aux)], nd.value);
-        break;
+// Runs one schedule. With a budget (Schedule::budget_bytes > 0) it also
+// guards it: should an allocation push the graph's bytes above the budget
+// (the plan's sizes were wrong), it first evicts the value with the lowest
+// cost / (bytes x staleness) among those this run computed (DTR's rule) and
+// recomputes evicted values when a later step needs them.
+class Runner {
+ public:
+  Runner(GraphImpl& g, const Schedule& s) : g_(g), s_(s) {
+    budget_ = s.budget_bytes;
+    if (budget_ > 0) {
+      mine_.assign(g.nodes.size(), 0);
+      evicted_.assign(g.nodes.size(), 0);
+      last_.assign(g.nodes.size(), 0);
+      for (auto t : s.targets)
+        if (t >= 0 && static_cast<std::size_t>(t) < g.nodes.size()) { target_.push_back(t); boundary_ = std::max(boundary_, t); }
     }
   }
-  r.measured_peak_bytes = g.alloc->peak_bytes() - r.baseline_bytes;
-  r.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+
+  RunStats run() {
+    auto t0 = std::chrono::steady_clock::now();
+    r_.baseline_bytes = g_.alloc->reset_peak();
+    for (const Step& st : s_.steps)
+      if (st.kind == Step::Kind::compute && st.node >= 0 && static_cast<std::size_t>(st.node) < g_.nodes.size())
+        g_.node(st.node).last_run_computes = 0;
+    for (const Step& st : s_.steps) {
+      if (st.node < 0 || static_cast<std::size_t>(st.node) >= g_.nodes.size())
+        throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
+      Node& nd = g_.node(st.node);
+      switch (st.kind) {
+        case Step::Kind::compute: compute(st.node); break;
+        case Step::Kind::free:
+          nd.value = Tensor{};
+          if (budget_ > 0) evicted_[static_cast<std::size_t>(st.node)] = 0;
+          break;
+        case Step::Kind::accumulate:
+          if (st.aux < 0 || static_cast<std::size_t>(st.aux) >= s_.sinks.size() ||
+              !s_.sinks[static_cast<std::size_t>(st.aux)].defined())
+            throw Error(fmt::format("execute: accumulate step names sink {} of {}", st.aux, s_.sinks.size()));
+          if (!nd.value.defined() && budget_ > 0 && evicted_[static_cast<std::size_t>(st.node)]) compute(st.node);
+          if (!nd.value.defined())
+            throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)",
+                                    op_def(nd.op).name, st.node));
+          accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
+          break;
+      }
+    }
+    // values the guard recomputed that the schedule did not keep
+    for (auto id : extra_)
+      if (std::find(target_.begin(), target_.end(), id) == target_.end()) g_.node(id).value = Tensor{};
+    r_.measured_peak_bytes = g_.alloc->peak_bytes() - r_.baseline_bytes;
+    r_.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r_;
+  }
+
+ private:
+  void compute(std::int32_t id) {
+    Node& nd = g_.node(id);
+    const OpDef& def = op_def(nd.op);
+    if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));
+    const std::size_t guard_mark = protect_.size();
+    if (budget_ > 0) protect_.insert(protect_.end(), nd.inputs.begin(), nd.inputs.end());  // in use up the stack
+    for (auto in : nd.inputs) {
+      if (g_.node(in).value.defined()) continue;
+      if (budget_ > 0 && (evicted_[static_cast<std::size_t>(in)] || depth_ > 0)) {
+        // evicted by the guard, or needed to recompute such a value: recompute on demand
+        ++depth_;
+        compute(in);
+        --depth_;
+        extra_.push_back(in);
+        continue;
+      }
+      throw Error(fmt::format("execute: {}#{} needs input {}#{} which holds no value (bad schedule)", def.name, id,
+                              op_def(g_.node(in).op).name, in));
+    }
+    if (nd.meta.device.kind != DeviceKind::cpu)
+      throw Error(fmt::format("{}: no kernel for device kind {} in this build", def.name,
+                              static_cast<int>(nd.meta.device.kind)));
+    std::int64_t ws_bytes = 0;
+    if (def.workspace) {
+      metas_.clear();
+      for (auto in : nd.inputs) metas_.push_back(&g_.node(in).meta);
+      ws_bytes = std::max<std::int64_t>(0, def.workspace(InferArgs{def, metas_, nd.attrs}, nd.meta));
+    }
+    if (budget_ > 0) make_room(id, (def.view ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
+    ins_.clear();
+    for (auto in : nd.inputs) ins_.push_back(&g_.node(in).value);
+    Tensor out;
+    if (!def.view) {
+      out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
+      if (g_.poison_outputs && out.nbytes()) std::memset(out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
+    }
+    std::unique_ptr<Storage> ws;  // counted by the graph's allocator, freed after the kernel
+    if (ws_bytes > 0) ws = std::make_unique<Storage>(g_.alloc, static_cast<std::size_t>(ws_bytes));
+    KernelArgs a{ins_, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
+    def.cpu(a);
+    nd.value = std::move(out);
+    protect_.resize(guard_mark);
+    if (nd.last_run_computes > 0) ++r_.recomputed_nodes;
+    ++r_.computed_nodes;
+    ++nd.times_computed;
+    ++nd.last_run_computes;
+    if (budget_ > 0) {
+      auto u = static_cast<std::size_t>(id);
+      mine_[u] = 1;
+      evicted_[u] = 0;
+      last_[u] = ++clock_;
+      for (auto in : nd.inputs) last_[static_cast<std::size_t>(in)] = clock_;
+    }
+  }
+
+  void make_room(std::int32_t id, std::int64_t need) {
+    const Node& nd = g_.node(id);
+    while (g_.alloc->live_bytes() - r_.baseline_bytes + need > budget_) {
+      std::int32_t best = -1;
+      double best_h = 0;
+      for (std::size_t u = 0; u < mine_.size(); ++u) {
+        auto v = static_cast<std::int32_t>(u);
+        const Node& c = g_.nodes[u];
+        if (v > boundary_) break;  // only forward values: a gradient's recomputation replays backward
+        if (!mine_[u] || !c.value.defined() || op_def(c.op).view || c.value.storage().use_count() > 1) continue;
+        if (std::find(protect_.begin(), protect_.end(), v) != protect_.end()) continue;
+        if (std::find(target_.begin(), target_.end(), v) != target_.end()) continue;
+        double stale = static_cast<double>(clock_ - last_[u] + 1);
+        double h = static_cast<double>(c.meta.shape.numel() + 1) / (static_cast<double>(c.meta.nbytes() + 1) * stale);
+        if (best < 0 || h < best_h) { best = v; best_h = h; }
+      }
+      if (best < 0)
+        throw Error(fmt::format("execute: budget of {} B cannot hold {}#{} ({} B) and the values it needs; nothing "
+                                "left to evict",
+                                budget_, op_def(nd.op).name, id, need));
+      g_.node(best).value = Tensor{};
+      evicted_[static_cast<std::size_t>(best)] = 1;
+      ++r_.evictions;
+    }
+  }
+
+  GraphImpl& g_;
+  const Schedule& s_;
+  RunStats r_;
+  std::int64_t budget_ = 0, clock_ = 0;
+  int depth_ = 0;
+  std::int32_t boundary_ = -1;  // forward values are ids <= the last target
+  std::vector<std::int32_t> extra_, protect_;
+  std::vector<char> mine_, evicted_;
+  std::vector<std::int64_t> last_;
+  std::vector<std::int32_t> target_;
+  std::vector<const Tensor*> ins_;
+  std::vector<const Meta*> metas_;
+};
+
+}  // namespace
+
+RunStats execute(GraphImpl& g, const Schedule& s) { return Runner(g, s).run(); }
 
 Tensor eval(const Var& x) {
   if (!x.defined()) throw Error("eval: undefined Var");
