@@ -12,6 +12,7 @@
 
 #include "ad/ad.hpp"
 #include "core/graph_impl.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -83,93 +84,10 @@ struct Mlp {
   std::vector<ad::Parameter> params() const { return {w1, b1, w2, b2}; }
 };
 
-// A random DAG over [R, C] values: a mix of ops, fan-out up to 4, parameters
-// used several times, views, workspaces, randomness, two dtypes.
-struct RandomDag {
-  std::vector<ad::Parameter> params;
-  std::vector<Var> pool;
-  Var loss;
-};
-RandomDag random_dag(ad::Graph& g, std::uint64_t seed) {
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&](std::uint64_t n) {  // splitmix64, uniform enough for picking
-    state += 0x9E3779B97F4A7C15ull;
-    std::uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (z ^ (z >> 31)) % n;
-  };
-  const std::int64_t R = 2 + static_cast<std::int64_t>(next(5)), C = 2 + static_cast<std::int64_t>(next(6));
-  const DType t = next(3) == 0 ? DType::f64 : DType::f32;
-  const DType other = t == DType::f32 ? DType::f64 : DType::f32;
-  ad::Rng rng(seed + 1000);
-  RandomDag d;
-  auto param = [&](const ad::Shape& s) {
-    d.params.push_back(ad::Parameter::randn(s, rng, 0.5, t));
-    return d.params.back();
-  };
-  ad::Parameter W1 = param({C, C}), W2 = param({C, C}), bias = param({C}), gamma = param({C}), beta = param({C});
-  ad::Parameter P1 = param({R, C}), P2 = param({R, C});
-  std::vector<int> uses;
-  auto push = [&](Var v) { REQUIRE(v.shape() == ad::Shape{R, C}); d.pool.push_back(v); uses.push_back(0); };
-  push(g.input(ad::Tensor::randn({R, C}, rng, t)));
-  push(g.input(ad::Tensor::randn({R, C}, rng, t)));
-  push(g.param(P1));
-  push(g.param(P2));
-  auto pick = [&]() -> Var {
-    std::size_t n = d.pool.size();
-    for (;;) {
-      std::size_t i = next(3) == 0 ? next(n) : n - 1 - next(std::min<std::size_t>(n, 4));
-      if (uses[i] < 4) { ++uses[i]; return d.pool[i]; }
-    }
-  };
-  const int n_ops = 6 + static_cast<int>(next(20));
-  for (int k = 0; k < n_ops; ++k) {
-    switch (next(22)) {
-      case 0: push(pick() + pick()); break;
-      case 1: push(pick() - pick()); break;
-      case 2: push(pick() * pick()); break;
-      case 3: push(ad::tanh(pick())); break;
-      case 4: push(ad::sigmoid(pick())); break;
-      case 5: push(ad::relu(pick())); break;
-      case 6: push(next(2) ? ad::gelu(pick()) : ad::silu(pick())); break;
-      case 7: push(ad::matmul(pick(), next(2) ? W1 : W2)); break;
-      case 8: push(ad::add(pick(), bias)); break;
-      case 9: push(ad::reshape(ad::tanh(ad::reshape(pick(), {C, R})), {R, C})); break;  // views around a compute
-      case 10: push(ad::reshape(ad::reshape(pick(), {-1}), {R, C})); break;               // a view of a view
-      case 11: { Var a = pick(); push(a - ad::max(a, {1}, true)); break; }                // max: workspace
-      case 12: push(ad::mul(pick(), ad::max(pick(), {0}, true))); break;                  // non-suffix max
-      case 13: push(ad::softmax(pick(), static_cast<int>(next(2)))); break;
-      case 14: push(ad::dropout(pick(), 0.3, rng)); break;
-      case 15: {
-        std::int64_t s = 1 + static_cast<std::int64_t>(next(static_cast<std::uint64_t>(C - 1)));
-        push(ad::concat({ad::slice(pick(), 1, 0, s), ad::slice(pick(), 1, s, C)}, 1));
-        break;
-      }
-      case 16: push(ad::transpose(ad::exp(ad::mul_scalar(ad::transpose(pick()), 0.5)))); break;
-      case 17: push(ad::layer_norm(pick(), gamma, beta)); break;
-      case 18: push(ad::gather(pick(), g.input(ad::Tensor::randint({R}, rng, R)), 0)); break;
-      case 19: push(ad::mul(ad::sum(pick(), {1}, true), pick())); break;
-      case 20: push(ad::cast(ad::mul_scalar(ad::cast(pick(), other), 0.75), t)); break;
-      default: push(ad::log_softmax(ad::add_scalar(pick(), 0.25), -1)); break;
-    }
-  }
-  d.loss = ad::add(ad::sum(d.pool.back()), ad::mean(ad::mul(pick(), ad::matmul(pick(), W1))));
-  return d;
-}
-
-std::vector<ad::Tensor> grads_of(const std::vector<ad::Parameter>& ps) {
-  std::vector<ad::Tensor> out;
-  for (const auto& p : ps) out.push_back(p.has_grad() ? p.grad().clone() : ad::Tensor());
-  return out;
-}
-void check_bitwise(const std::vector<ad::Tensor>& a, const std::vector<ad::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO("tensor " << i);
-    CHECK(ad::bitwise_equal(a[i], b[i]));
-  }
-}
+using ad::test::check_bitwise;
+using ad::test::grads_of;
+using ad::test::random_dag;
+using ad::test::RandomDag;
 
 }  // namespace
 

@@ -1,6 +1,8 @@
 #pragma once
 // Shared test helpers: seeded random tensors in an op's smooth domain, graphs
-// with poisoned outputs, and the float64 central-difference gradcheck.
+// with poisoned outputs, the float64 central-difference gradcheck, seeded
+// random DAGs and chains, and bitwise gradient comparison.
+#include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -180,5 +182,211 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   }
   return m;
 }
+
+// ---- random graphs ----
+// splitmix64 picks: uniform enough for choosing ops and operands.
+struct Picker {
+  std::uint64_t state;
+  explicit Picker(std::uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  std::uint64_t operator()(std::uint64_t n) {
+    state += 0x9E3779B97F4A7C15ull;
+    std::uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (z ^ (z >> 31)) % n;
+  }
+};
+
+// A seeded random graph: its parameters (fresh each build, same values for
+// the same seed), the values it made, and a scalar loss.
+struct RandomDag {
+  std::vector<Parameter> params;
+  std::vector<Var> pool;
+  Var loss;
+};
+
+// A random DAG over [R, C] values (R in 2..6, C in 2..7, f64 for a third of
+// the seeds, else f32): a mix of ops, fan-out up to 4 (a value and the
+// subgraph behind it shared by up to 4 consumers), parameters used several
+// times, views, workspaces, dropout, casts to the other dtype.
+// target_nodes = 0: 6..25 random ops. Otherwise ops are added while the
+// graph stays within target_nodes nodes once the loss is built (at least one op).
+inline RandomDag random_dag(Graph& g, std::uint64_t seed, std::int64_t target_nodes = 0) {
+  Picker next(seed);
+  const std::int64_t R = 2 + static_cast<std::int64_t>(next(5)), C = 2 + static_cast<std::int64_t>(next(6));
+  const DType t = next(3) == 0 ? DType::f64 : DType::f32;
+  const DType other = t == DType::f32 ? DType::f64 : DType::f32;
+  Rng rng(seed + 1000);
+  RandomDag d;
+  auto param = [&](const Shape& s) {
+    d.params.push_back(Parameter::randn(s, rng, 0.5, t));
+    return d.params.back();
+  };
+  Parameter W1 = param({C, C}), W2 = param({C, C}), bias = param({C}), gamma = param({C}), beta = param({C});
+  Parameter P1 = param({R, C}), P2 = param({R, C});
+  std::vector<int> uses;
+  auto push = [&](Var v) { REQUIRE(v.shape() == Shape{R, C}); d.pool.push_back(v); uses.push_back(0); };
+  push(g.input(Tensor::randn({R, C}, rng, t)));
+  push(g.input(Tensor::randn({R, C}, rng, t)));
+  push(g.param(P1));
+  push(g.param(P2));
+  auto pick = [&]() -> Var {
+    std::size_t n = d.pool.size();
+    for (;;) {
+      std::size_t i = next(3) == 0 ? next(n) : n - 1 - next(std::min<std::size_t>(n, 4));
+      if (uses[i] < 4) { ++uses[i]; return d.pool[i]; }
+    }
+  };
+  // one op adds at most 5 nodes (4 + a parameter leaf), the loss at most 6
+  const int n_ops = target_nodes > 0 ? -1 : 6 + static_cast<int>(next(20));
+  for (int k = 0; n_ops < 0 ? (k == 0 || g.num_nodes() + 11 <= target_nodes) : k < n_ops; ++k) {
+    switch (next(22)) {
+      case 0: push(pick() + pick()); break;
+      case 1: push(pick() - pick()); break;
+      case 2: push(pick() * pick()); break;
+      case 3: push(tanh(pick())); break;
+      case 4: push(sigmoid(pick())); break;
+      case 5: push(relu(pick())); break;
+      case 6: push(next(2) ? gelu(pick()) : silu(pick())); break;
+      case 7: push(matmul(pick(), next(2) ? W1 : W2)); break;
+      case 8: push(add(pick(), bias)); break;
+      case 9: push(reshape(tanh(reshape(pick(), {C, R})), {R, C})); break;  // views around a compute
+      case 10: push(reshape(reshape(pick(), {-1}), {R, C})); break;         // a view of a view
+      case 11: { Var a = pick(); push(a - max(a, {1}, true)); break; }      // max: workspace
+      case 12: push(mul(pick(), max(pick(), {0}, true))); break;            // non-suffix max
+      case 13: push(softmax(pick(), static_cast<int>(next(2)))); break;
+      case 14: push(dropout(pick(), 0.3, rng)); break;
+      case 15: {
+        std::int64_t s = 1 + static_cast<std::int64_t>(next(static_cast<std::uint64_t>(C - 1)));
+        push(concat({slice(pick(), 1, 0, s), slice(pick(), 1, s, C)}, 1));
+        break;
+      }
+      case 16: push(transpose(exp(mul_scalar(transpose(pick()), 0.5)))); break;
+      case 17: push(layer_norm(pick(), gamma, beta)); break;
+      case 18: push(gather(pick(), g.input(Tensor::randint({R}, rng, R)), 0)); break;
+      case 19: push(mul(sum(pick(), {1}, true), pick())); break;
+      case 20: push(cast(mul_scalar(cast(pick(), other), 0.75), t)); break;
+      default: push(log_softmax(add_scalar(pick(), 0.25), -1)); break;
+    }
+  }
+  d.loss = add(sum(d.pool.back()), mean(mul(pick(), matmul(pick(), W1))));
+  return d;
+}
+
+// A random chain x0 -> x1 -> ... -> loss over [R, C] values: every op reads
+// only the previous op's value and leaves (parameters, index inputs), so the
+// forward graph is a chain (optimal_chain applies). Ops: matmul with shared
+// weights, unary activations, bias, elementwise parameter products, dropout,
+// layer_norm, softmax, views (reshape), dtype round trips, gather. The first
+// op is a matmul (the loss depends on a parameter); the last is sum.
+// Adds ops while the graph stays within target_nodes nodes (at least one op).
+inline RandomDag random_chain(Graph& g, std::uint64_t seed, std::int64_t target_nodes) {
+  Picker next(seed ^ 0xC4A1Eull);
+  const std::int64_t R = 2 + static_cast<std::int64_t>(next(5)), C = 2 + static_cast<std::int64_t>(next(6));
+  const DType t = next(3) == 0 ? DType::f64 : DType::f32;
+  const DType other = t == DType::f32 ? DType::f64 : DType::f32;
+  Rng rng(seed + 2000);
+  RandomDag d;
+  auto param = [&](const Shape& s) {
+    d.params.push_back(Parameter::randn(s, rng, 0.5, t));
+    return d.params.back();
+  };
+  Parameter W1 = param({C, C}), W2 = param({C, C}), bias = param({C}), gamma = param({C}), beta = param({C});
+  Parameter P1 = param({R, C});
+  Var h = matmul(g.input(Tensor::randn({R, C}, rng, t)), W1);
+  d.pool.push_back(h);
+  // one op adds at most 2 nodes + a parameter leaf; the loss 1
+  while (g.num_nodes() + 4 <= target_nodes) {
+    switch (next(16)) {
+      case 0: h = matmul(h, next(2) ? W1 : W2); break;
+      case 1: h = tanh(h); break;
+      case 2: h = sigmoid(h); break;
+      case 3: h = relu(h); break;
+      case 4: h = next(2) ? gelu(h) : silu(h); break;
+      case 5: h = add(h, bias); break;
+      case 6: h = mul(h, P1); break;
+      case 7: h = dropout(h, 0.3, rng); break;
+      case 8: h = layer_norm(h, gamma, beta); break;
+      case 9: h = softmax(h, static_cast<int>(next(2))); break;
+      case 10: h = reshape(tanh(reshape(h, {C, R})), {R, C}); break;
+      case 11: h = cast(mul_scalar(cast(h, other), 0.75), t); break;
+      case 12: h = gather(h, g.input(Tensor::randint({R}, rng, R)), 0); break;
+      case 13: h = exp(mul_scalar(h, 0.5)); break;
+      case 14: h = log_softmax(h, -1); break;
+      default: h = add_scalar(mul(h, h), 0.1); break;  // reads the previous value twice: still one step
+    }
+    REQUIRE(h.shape() == Shape{R, C});
+    d.pool.push_back(h);
+  }
+  d.loss = sum(h);
+  return d;
+}
+
+// Copies of the parameters' gradients (undefined where a parameter has none).
+inline std::vector<Tensor> grads_of(const std::vector<Parameter>& ps) {
+  std::vector<Tensor> out;
+  for (const auto& p : ps) out.push_back(p.has_grad() ? p.grad().clone() : Tensor());
+  return out;
+}
+inline void check_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(bitwise_equal(a[i], b[i]));
+  }
+}
+
+// ---- rematerialisation ----
+namespace remat {
+
+// What one backward() under a policy produced.
+struct Outcome {
+  Report report;              // report.plan is reset: its graph is gone
+  std::vector<Tensor> grads;  // copies of the parameters' gradients
+  Tensor loss;                // copy of the loss value
+  std::int64_t forward_nodes = 0;  // nodes up to the loss (leaves included)
+};
+inline Outcome run(Graph& g, const RandomDag& d, const Policy& pol) {
+  Outcome o;
+  o.report = backward(d.loss, pol);
+  o.report.plan.reset();
+  o.grads = grads_of(d.params);
+  o.loss = d.loss.value().clone();
+  o.forward_nodes = d.loss.id() + 1;
+  (void)g;
+  return o;
+}
+
+// The number after "minimum feasible peak of " in a budget error message (-1 if absent).
+inline std::int64_t parse_min_peak(const std::string& msg) {
+  const std::string key = "minimum feasible peak of ";
+  auto at = msg.find(key);
+  if (at == std::string::npos) return -1;
+  std::size_t i = at + key.size();
+  if (i >= msg.size() || msg[i] < '0' || msg[i] > '9') return -1;
+  std::int64_t v = 0;
+  for (; i < msg.size() && msg[i] >= '0' && msg[i] <= '9'; ++i) v = v * 10 + (msg[i] - '0');
+  return v;
+}
+
+// Whether the nodes the loss depends on form a chain: ordered by id, each
+// non-leaf node reads only leaves and the previous non-leaf node.
+inline bool is_forward_chain(const GraphImpl& g, std::int32_t loss) {
+  std::vector<char> reach(static_cast<std::size_t>(loss) + 1, 0);
+  reach[static_cast<std::size_t>(loss)] = 1;
+  for (std::int32_t id = loss; id >= 0; --id)
+    if (reach[static_cast<std::size_t>(id)])
+      for (auto in : g.node(id).inputs) reach[static_cast<std::size_t>(in)] = 1;
+  std::int32_t prev = -1;
+  for (std::int32_t id = 0; id <= loss; ++id) {
+    if (!reach[static_cast<std::size_t>(id)] || g.is_leaf(id)) continue;
+    for (auto in : g.node(id).inputs)
+      if (!g.is_leaf(in) && in != prev) return false;
+    prev = id;
+  }
+  return true;
+}
+
+}  // namespace remat
 
 }  // namespace ad::test

@@ -10,7 +10,8 @@ void add_into(Tensor& acc, const Tensor& v) {
     using T = decltype(t);
     T* a = acc.data<T>();
     const T* b = v.data<T>();
-    for (std::int64_t i = 0; i < acc.numel(); ++i) a[i] += b[i];
+    const std::int64_t n = acc.numel();  // hoisted: numel() in the condition kept the loop scalar
+    for (std::int64_t i = 0; i < n; ++i) a[i] += b[i];
   });
 }
 
