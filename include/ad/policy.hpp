@@ -30,8 +30,15 @@ struct Policy {
   std::int64_t budget_bytes = 0;  // budget: peak bytes never exceeded
   std::int32_t slots = 0;         // optimal_chain: snapshots, counting the input's
   KeepFn keep;                    // selective: true = keep the value
+  // Activation compression (lossy): kept forward values are stored as this
+  // dtype (f16 or bf16) between the forward pass and their use in backward,
+  // and restored to their own dtype when used. f32 = off. Applies to the
+  // keep-set policies (keep_all, manual, uniform, sqrt_n, selective).
+  DType compress = DType::f32;
   std::shared_ptr<PlanCache> cache;  // plans reused for graphs of the same structure
   std::string name() const;
+  // This policy with activation compression to `storage` (f16 or bf16).
+  Policy compressed(DType storage) const;
 };
 
 namespace policy {

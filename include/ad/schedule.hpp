@@ -12,9 +12,11 @@ namespace ad {
 // One step of a schedule over a graph's nodes.
 //   compute: run the node's kernel (its inputs must hold values);
 //   free: drop the node's value;
-//   accumulate: add the node's value into sinks[aux].grad().
+//   accumulate: add the node's value into sinks[aux].grad();
+//   compress: store the node's value as DType(aux) (f16/bf16), freeing the original;
+//   decompress: restore the value to the node's own dtype.
 struct Step {
-  enum class Kind : std::uint8_t { compute, free, accumulate };
+  enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress };
   Kind kind;
   std::int32_t node;
   std::int32_t aux = -1;

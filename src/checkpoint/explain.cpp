@@ -14,7 +14,7 @@ std::string explain(const Plan& plan) {
   for (auto t : s.targets) hi = std::max(hi, t);
   auto n = static_cast<std::size_t>(hi + 1);
   std::vector<std::int32_t> computes(n, 0), frees_before_reuse(n, 0);
-  std::vector<char> present(n, 0), is_target(n, 0);
+  std::vector<char> present(n, 0), is_target(n, 0), compressed(n, 0);
   for (auto t : s.targets) is_target[static_cast<std::size_t>(t)] = 1;
   for (const auto& st : s.steps) {
     auto u = static_cast<std::size_t>(st.node);
@@ -24,6 +24,8 @@ std::string explain(const Plan& plan) {
       present[u] = 1;
     } else if (st.kind == Step::Kind::free) {
       present[u] = 0;
+    } else if (st.kind == Step::Kind::compress) {
+      compressed[u] = 1;
     }
   }
   std::int32_t boundary = -1;
@@ -49,6 +51,7 @@ std::string explain(const Plan& plan) {
       why = "gradient value";
     } else {
       fate = present[i] ? "kept" : "kept until last use";
+      if (compressed[i]) fate += ", stored compressed";
       why = nd.checkpoint ? "checkpoint (ad::checkpoint)" : fmt::format("{} keeps it", s.policy);
     }
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i, def.name, describe(nd.meta),

@@ -83,6 +83,7 @@ Builder::Builder(const Problem& prob) : p(prob) {
   auto n = static_cast<std::size_t>(p.hi + 1);
   present_.assign(n, 0);
   computed_.assign(n, 0);
+  compressed_.assign(n, 0);
   cursor_.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) present_[i] = p.g.nodes[i].value.defined();
   s.steps.reserve(3 * p.order.size());
@@ -113,16 +114,31 @@ void Builder::free(std::int32_t id) {
   if (!present_[u] || p.pinned[u]) return;
   s.steps.push_back({Step::Kind::free, id});
   present_[u] = 0;
+  compressed_[u] = 0;
+}
+
+void Builder::compress(std::int32_t id, DType storage) {
+  auto u = static_cast<std::size_t>(id);
+  if (!present_[u] || compressed_[u] || p.pinned[u]) return;
+  s.steps.push_back({Step::Kind::compress, id, static_cast<std::int32_t>(storage)});
+  compressed_[u] = 1;
 }
 
 void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched) {
   std::vector<std::int32_t> stack{id};
   while (!stack.empty()) {
     std::int32_t t = stack.back();
-    if (present(t)) { stack.pop_back(); continue; }
+    if (present(t)) {
+      if (compressed(t)) {  // restored to its own dtype before anything reads it
+        s.steps.push_back({Step::Kind::decompress, t});
+        compressed_[static_cast<std::size_t>(t)] = 0;
+      }
+      stack.pop_back();
+      continue;
+    }
     bool waiting = false;
     for (auto in : p.g.node(t).inputs)
-      if (!present(in)) { stack.push_back(in); waiting = true; break; }
+      if (!present(in) || compressed(in)) { stack.push_back(in); waiting = true; break; }
     if (waiting) continue;
     compute(t);
     if (touched) touched->push_back(t);
@@ -158,7 +174,7 @@ std::vector<std::int32_t> horizons(const Problem& p, const std::vector<char>& ke
   return h;
 }
 
-Schedule keep_set(const Problem& p, const std::vector<char>& keep) {
+Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress) {
   Builder b(p);
   const std::int32_t L = p.boundary;
   const auto h = horizons(p, keep);
@@ -187,6 +203,9 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep) {
       else if (nu >= 0 && nu <= L) drop = false;                  // forward still reads it
       else drop = !keep[uu] || h[uu] <= d;                        // forward done: keep only what is kept
       if (drop) b.free(u);
+      else if (compress != DType::f32 && u <= L && d <= L && (nu < 0 || nu > L) && !op_def(p.g.node(u).op).view &&
+               is_compute_float(p.g.node(u).meta.dtype) && p.bytes[uu] > 0)
+        b.compress(u, compress);  // held for backward: store it small until then
     }
   }
   return b.finish();

@@ -26,6 +26,21 @@ std::string Policy::name() const {
   }
   return "?";
 }
+std::string policy_name(const Policy& p) {
+  std::string n = p.name();
+  return p.compress == DType::f32 ? n : fmt::format("{}+{}", n, dtype_name(p.compress));
+}
+
+Policy Policy::compressed(DType storage) const {
+  if (storage != DType::f16 && storage != DType::bf16)
+    throw Error(fmt::format("Policy::compressed: storage dtype must be f16 or bf16, got {}", dtype_name(storage)));
+  if (kind == Kind::budget || kind == Kind::optimal_chain)
+    throw Error(fmt::format("Policy::compressed: not available for {}", name()));
+  Policy p = *this;
+  p.compress = storage;
+  p.cache = std::make_shared<PlanCache>();  // plans differ from the uncompressed policy's
+  return p;
+}
 
 namespace policy {
 Policy keep_all() { return {}; }  // planning it costs no more than a cache lookup
@@ -112,19 +127,29 @@ std::vector<char> keep_mask(const planner::Problem& p, const Policy& pol) {
 // Bytes of forward values (computed here, owning memory) held right after the
 // last target (the loss) is first computed, not counting the target itself.
 std::int64_t kept_bytes(const planner::Problem& p, const Schedule& s) {
-  std::vector<char> present(static_cast<std::size_t>(p.hi + 1), 0);
+  std::vector<std::int64_t> held(static_cast<std::size_t>(p.hi + 1), 0);  // bytes each value holds now
   std::int64_t live = 0;
   for (const Step& st : s.steps) {
     auto u = static_cast<std::size_t>(st.node);
-    bool counted = st.node <= p.boundary && p.needed[u] && p.bytes[u] > 0;
-    if (st.kind == Step::Kind::compute) {
-      if (st.node == p.boundary) return live;
-      if (counted && !present[u]) live += p.bytes[u];
-      present[u] = 1;
-    } else if (st.kind == Step::Kind::free) {
-      if (counted && present[u]) live -= p.bytes[u];
-      present[u] = 0;
+    if (!(st.node <= p.boundary && p.needed[u] && p.bytes[u] > 0)) {
+      if (st.kind == Step::Kind::compute && st.node == p.boundary) return live;
+      continue;
     }
+    std::int64_t now = held[u];
+    switch (st.kind) {
+      case Step::Kind::compute:
+        if (st.node == p.boundary) return live;
+        now = p.bytes[u];
+        break;
+      case Step::Kind::free: now = 0; break;
+      case Step::Kind::compress:
+        now = p.g.node(st.node).meta.shape.numel() * static_cast<std::int64_t>(dtype_size(static_cast<DType>(st.aux)));
+        break;
+      case Step::Kind::decompress: now = p.bytes[u]; break;
+      case Step::Kind::accumulate: break;
+    }
+    live += now - held[u];
+    held[u] = now;
   }
   return live;
 }
@@ -154,12 +179,12 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   switch (policy.kind) {
     case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes); break;
     case Policy::Kind::optimal_chain: s = planner::optimal_chain(p, policy.slots); break;
-    default: s = planner::keep_set(p, keep_mask(p, policy)); break;
+    default: s = planner::keep_set(p, keep_mask(p, policy), policy.compress); break;
   }
   s.predicted_peak_bytes = simulate_peak(g, s);
   s.kept_bytes = kept_bytes(p, s);
   if (policy.kind == Policy::Kind::budget) s.budget_bytes = policy.budget_bytes;
-  s.policy = policy.name();
+  s.policy = policy_name(policy);
   if (policy.cache) {
     Schedule stored = s;
     stored.sinks.clear();  // parameters are not part of the plan
@@ -249,6 +274,19 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         if (holds[u] < 0)
           throw Error(fmt::format("simulate_peak: accumulate of {} which holds no value (bad schedule)", name(st.node)));
         break;
+      case Step::Kind::compress:
+      case Step::Kind::decompress: {
+        if (holds[u] < 0)
+          throw Error(fmt::format("simulate_peak: (de)compress of {} which holds no value (bad schedule)", name(st.node)));
+        const Meta& m = g.nodes[u].meta;
+        auto es = st.kind == Step::Kind::compress ? dtype_size(static_cast<DType>(st.aux)) : dtype_size(m.dtype);
+        inst.push_back({m.shape.numel() * static_cast<std::int64_t>(es), 1, false});
+        live += inst.back().bytes;
+        peak = std::max(peak, live);
+        release(holds[u]);
+        holds[u] = static_cast<std::int32_t>(inst.size() - 1);
+        break;
+      }
     }
   }
   return peak;

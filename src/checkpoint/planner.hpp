@@ -45,6 +45,8 @@ class Builder {
   void compute(std::int32_t id);   // inputs must be present
   void free(std::int32_t id);      // no-op for pinned values
   void accumulate_sinks(std::int32_t id);
+  void compress(std::int32_t id, DType storage);
+  bool compressed(std::int32_t id) const { return compressed_[static_cast<std::size_t>(id)] != 0; }
   // Computes id and, recursively, any absent input (recomputing from the
   // nearest present values). Appends every node computed to `touched`.
   void ensure(std::int32_t id, std::vector<std::int32_t>* touched = nullptr);
@@ -56,14 +58,16 @@ class Builder {
   Schedule s;
 
  private:
-  std::vector<char> present_, computed_;
+  std::vector<char> present_, computed_, compressed_;
   std::vector<std::size_t> cursor_;
 };
 
 // Schedule keeping `keep` (forward nodes; others are freed once the forward
 // pass no longer needs them and recomputed on demand in backward, where
 // recomputed values stay until their last use).
-Schedule keep_set(const Problem& p, const std::vector<char>& keep);
+// With `compress` f16/bf16, kept values are stored compressed between the
+// forward pass and their first use in backward.
+Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32);
 
 Schedule budget(const Problem& p, std::int64_t bytes);
 Schedule optimal_chain(const Problem& p, std::int32_t slots);

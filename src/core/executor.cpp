@@ -69,6 +69,17 @@ class Runner {
                                     op_def(nd.op).name, st.node));
           accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
           break;
+        case Step::Kind::compress:
+        case Step::Kind::decompress: {
+          if (!nd.value.defined())
+            throw Error(fmt::format("execute: (de)compress of {}#{} which holds no value (bad schedule)",
+                                    op_def(nd.op).name, st.node));
+          DType to = st.kind == Step::Kind::compress ? static_cast<DType>(st.aux) : nd.meta.dtype;
+          Tensor t = Tensor::empty(nd.meta.shape, to, nd.meta.device, g_.alloc);
+          t.copy_from(nd.value);  // converts
+          nd.value = std::move(t);
+          break;
+        }
       }
     }
     // values the guard recomputed that the schedule did not keep
@@ -87,7 +98,12 @@ class Runner {
     const std::size_t guard_mark = protect_.size();
     if (budget_ > 0) protect_.insert(protect_.end(), nd.inputs.begin(), nd.inputs.end());  // in use up the stack
     for (auto in : nd.inputs) {
-      if (g_.node(in).value.defined()) continue;
+      if (g_.node(in).value.defined()) {
+        if (g_.node(in).value.dtype() != g_.node(in).meta.dtype)
+          throw Error(fmt::format("execute: {}#{} reads {}#{} while it is stored compressed (bad schedule)", def.name,
+                                  id, op_def(g_.node(in).op).name, in));
+        continue;
+      }
       if (budget_ > 0 && (evicted_[static_cast<std::size_t>(in)] || depth_ > 0)) {
         // evicted by the guard, or needed to recompute such a value: recompute on demand
         ++depth_;

@@ -1,0 +1,70 @@
+// Activation compression: kept values stored as f16/bf16 between forward and
+// backward. Lossy by design: the test bounds the gradient error it causes,
+// and checks that the memory it saves is predicted exactly.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "ad/ad.hpp"
+
+namespace {
+struct Net {
+  std::vector<ad::Parameter> w;
+  explicit Net(ad::Rng& rng) {
+    for (int i = 0; i < 10; ++i) w.push_back(ad::Parameter::randn({32, 32}, rng, 0.2));
+  }
+  ad::Var loss(ad::Graph& g, const ad::Tensor& x) const {
+    ad::Var h = g.input(x);
+    for (const auto& p : w) h = ad::tanh(ad::matmul(h, p));
+    return ad::mean(ad::mul(h, h));
+  }
+  std::vector<std::vector<double>> grads() const {
+    std::vector<std::vector<double>> v;
+    for (const auto& p : w) { v.push_back(p.grad().to_vector()); p.zero_grad(); }
+    return v;
+  }
+};
+double max_rel_err(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double num = 0, den = 0;
+    for (std::size_t j = 0; j < a[i].size(); ++j) {
+      num += (a[i][j] - b[i][j]) * (a[i][j] - b[i][j]);
+      den += b[i][j] * b[i][j];
+    }
+    worst = std::max(worst, std::sqrt(num / den));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("compression: bf16/f16 checkpoints cut memory, predicted exactly, with bounded gradient error") {
+  ad::Rng rng(17);
+  Net net(rng);
+  ad::Tensor x = ad::Tensor::randn({64, 32}, rng);
+  ad::Graph g0;
+  ad::Report base = ad::backward(net.loss(g0, x), ad::policy::sqrt_n());
+  auto exact = net.grads();
+  struct Case { ad::DType t; double bound; };
+  // relative L2 error per parameter gradient; bf16 keeps 8 mantissa bits, f16 11
+  for (Case c : {Case{ad::DType::bf16, 2e-2}, Case{ad::DType::f16, 3e-3}}) {
+    CAPTURE(ad::dtype_name(c.t));
+    for (const ad::Policy& pol : {ad::policy::sqrt_n().compressed(c.t), ad::policy::keep_all().compressed(c.t)}) {
+      ad::Graph g;
+      ad::Report r = ad::backward(net.loss(g, x), pol);
+      CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+      CHECK(r.policy.find(ad::dtype_name(c.t)) != std::string::npos);
+      auto got = net.grads();
+      double err = max_rel_err(got, exact);
+      CHECK(err > 0);  // lossy: something changed
+      CHECK(err <= c.bound);
+      if (pol.kind == ad::Policy::Kind::sqrt_n) {
+        CHECK(r.kept_bytes < base.kept_bytes);
+        CHECK(r.measured_peak_bytes <= base.measured_peak_bytes);
+        CHECK(ad::explain(*r.plan).find("stored compressed") != std::string::npos);
+      }
+    }
+  }
+  CHECK_THROWS_AS(ad::policy::sqrt_n().compressed(ad::DType::f64), ad::Error);
+  CHECK_THROWS_AS(ad::policy::budget(1 << 20).compressed(ad::DType::bf16), ad::Error);
+}
