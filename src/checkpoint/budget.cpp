@@ -8,8 +8,14 @@
 // memory levels from the lower bound up to the keep_all peak, and, for
 // chain-shaped graphs, binomial (Revolve) schedules. Each candidate's
 // peak is simulated exactly; the plan for a budget B is the first candidate,
-// in (recompute cost, peak) order, whose peak is <= B. Because the list does
-// not depend on B, lowering the budget never raises the peak.
+// in (recompute cost, peak) order, whose peak is <= B. When none fits, a
+// second tier: the DTR schedules a bisection over memory levels finds between
+// the lower bound and the least fixed peak, again in (cost, peak) order; the
+// least of their peaks is the minimum feasible budget stated when B is below
+// it. Neither tier depends on B, so lowering the budget never raises the
+// peak, and every budget at or above the stated minimum plans. (A DTR run at
+// level B itself would not do: DTR is greedy, and can get stuck at a level
+// above one where it succeeds.)
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -186,20 +192,30 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
   });
   for (auto& c : cands)
     if (c.peak <= bytes) return std::move(c.s);
-  // Last resort between the lower bound and the best fixed candidate: DTR at the budget itself.
-  if (bytes >= lb)
-    if (auto s = Dtr(p, bytes).run())
-      if (simulate_peak(p.g, *s) <= bytes) return std::move(*s);
   std::int64_t best = cands[0].peak;
   for (const auto& c : cands) best = std::min(best, c.peak);
-  // The least memory level at which a DTR schedule still fits (bisection).
+  // Second tier: DTR schedules at the levels a bisection for the least level
+  // that still fits visits (independent of the budget).
+  std::vector<Candidate> low;
   for (std::int64_t lo = lb, hi = best; lo < hi;) {
     std::int64_t mid = lo + (hi - lo) / 2;
     auto s = Dtr(p, mid).run();
     std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
-    if (s && pk <= mid) { best = std::min(best, pk); hi = std::min(mid, pk); }
-    else lo = mid + 1;
+    if (s && pk <= mid) {
+      best = std::min(best, pk);
+      hi = std::min(mid, pk);
+      low.push_back({std::move(*s), pk, low.size()});
+    } else {
+      lo = mid + 1;
+    }
   }
+  std::stable_sort(low.begin(), low.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.s.recompute_flops != b.s.recompute_flops) return a.s.recompute_flops < b.s.recompute_flops;
+    if (a.peak != b.peak) return a.peak < b.peak;
+    return a.index < b.index;
+  });
+  for (auto& c : low)
+    if (c.peak <= bytes) return std::move(c.s);
   throw Error(fmt::format("budget: {} B is below the minimum feasible peak of {} B for this step "
                           "(its largest single step alone needs {} B)",
                           bytes, best, lb));

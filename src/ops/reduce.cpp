@@ -91,7 +91,8 @@ std::int64_t reduced_count(const Shape& xs, const Shape& axes) {
 }
 // dy (reduced shape) -> broadcast back to x's shape
 Var expand_back(const Var& dy, const Var& x, const Shape& axes) {
-  return broadcast_to(reshape(dy, keepdim_shape(x.shape(), axes)), x.shape());
+  const Shape xs = x.shape();  // a copy: reshape() below may reallocate the graph's nodes
+  return broadcast_to(reshape(dy, keepdim_shape(xs, axes)), xs);
 }
 
 // ---- per-axis layout: (outer, len, inner) ----

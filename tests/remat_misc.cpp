@@ -1,0 +1,308 @@
+// Rematerialisation beyond the gradients: deleted values recomputed on demand
+// after backward (same bits as keep_all), the plan cache, explain() and the
+// Report's counters, and dropout inside recomputed segments.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "core/graph_impl.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using ad::DType;
+using ad::Var;
+using ad::test::RandomDag;
+
+// x -> tanh(matmul(x, W_i)) [-> dropout] ... -> mean(h * h): a deep chain with
+// `layers` layers over [rows, 8] values, weights shared every third layer.
+RandomDag deep_chain(ad::Graph& g, int layers, std::int64_t rows = 4, DType t = DType::f32, bool drop = false) {
+  ad::Rng rng(91);
+  RandomDag d;
+  for (int i = 0; i < 3; ++i) d.params.push_back(ad::Parameter::randn({8, 8}, rng, 0.4, t));
+  Var h = g.input(ad::Tensor::randn({rows, 8}, rng, t));
+  for (int i = 0; i < layers; ++i) {
+    h = ad::tanh(ad::matmul(h, d.params[static_cast<std::size_t>(i % 3)]));
+    if (drop && i % 2 == 0) h = ad::dropout(h, 0.25, rng);
+    d.pool.push_back(h);
+  }
+  d.loss = ad::mean(ad::mul(h, h));
+  return d;
+}
+
+// Forward non-leaf nodes the loss depends on.
+std::vector<std::int32_t> forward_nodes(const ad::GraphImpl& g, std::int32_t loss) {
+  std::vector<char> reach(static_cast<std::size_t>(loss) + 1, 0);
+  reach[static_cast<std::size_t>(loss)] = 1;
+  std::vector<std::int32_t> out;
+  for (std::int32_t id = loss; id >= 0; --id) {
+    if (!reach[static_cast<std::size_t>(id)]) continue;
+    for (auto in : g.node(id).inputs) reach[static_cast<std::size_t>(in)] = 1;
+    if (!g.is_leaf(id)) out.push_back(id);
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
+// Every forward value of a freshly built graph, computed under keep_all (all
+// of them targets) and copied.
+std::map<std::int32_t, ad::Tensor> keep_all_values(ad::Graph& g, const Var& loss) {
+  std::vector<std::int32_t> ids = forward_nodes(g.impl(), loss.id());
+  ad::Schedule s = ad::plan(g.impl(), ids, {}, ad::policy::keep_all());
+  ad::RunStats st = ad::execute(g.impl(), s);
+  CHECK(st.measured_peak_bytes == s.predicted_peak_bytes);
+  std::map<std::int32_t, ad::Tensor> out;
+  for (auto id : ids) {
+    REQUIRE(g.impl().node(id).value.defined());
+    out[id] = g.impl().node(id).value.clone();
+  }
+  return out;
+}
+
+// The minimum feasible budget of a graph's backward step (from the error of an infeasible one).
+std::int64_t min_budget(const Var& loss) {
+  try {
+    ad::plan_backward(loss, ad::policy::budget(1));
+  } catch (const ad::Error& e) {
+    return ad::test::remat::parse_min_peak(e.what());
+  }
+  return -1;
+}
+
+// After backward under `pol`, each deleted forward value is recomputed on
+// demand (ad::eval or Var::value(), alternately) with keep_all's bits, and
+// the values recomputed on the way are freed again: only the asked-for
+// value's storage stays. Returns how many were recomputed.
+int check_recompute_on_demand(const std::function<RandomDag(ad::Graph&)>& build, const ad::Policy& pol) {
+  ad::Graph g0;
+  RandomDag d0 = build(g0);
+  const std::map<std::int32_t, ad::Tensor> ref = keep_all_values(g0, d0.loss);
+
+  ad::Graph g;
+  RandomDag d = build(g);
+  ad::Report r = ad::backward(d.loss, pol);
+  CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+  std::vector<std::int32_t> deleted;
+  for (auto id : forward_nodes(g.impl(), d.loss.id()))
+    if (!g.impl().node(id).value.defined()) deleted.push_back(id);
+  // a seeded order, so later requests find some inputs present and some not
+  ad::test::Picker pick(static_cast<std::uint64_t>(deleted.size()) * 31 + 7);
+  for (std::size_t i = deleted.size(); i > 1; --i) std::swap(deleted[i - 1], deleted[pick(i)]);
+  int n = 0;
+  for (auto id : deleted) {
+    CAPTURE(id);
+    const ad::Node& nd = g.impl().node(id);
+    if (nd.value.defined()) continue;  // recomputed as the input of an earlier request? it was freed again
+    const std::int64_t live = g.live_bytes();
+    const std::int32_t times = nd.times_computed;
+    Var v(&g.impl(), id);
+    ad::Tensor t = n % 2 ? v.value() : ad::eval(v);
+    CHECK(ad::bitwise_equal(t, ref.at(id)));
+    CHECK(nd.times_computed == times + 1);
+    CHECK(v.has_value());
+    if (!ad::op_def(nd.op).view) CHECK(g.live_bytes() == live + static_cast<std::int64_t>(nd.meta.nbytes()));
+    else CHECK(g.live_bytes() <= live + static_cast<std::int64_t>(t.storage()->bytes()));
+    ++n;
+  }
+  return n;
+}
+
+std::int64_t keep_all_peak(const std::function<RandomDag(ad::Graph&)>& build) {
+  ad::Graph g;
+  RandomDag d = build(g);
+  return ad::plan_backward(d.loss).schedule.predicted_peak_bytes;
+}
+
+ad::test::remat::Outcome run(const std::function<RandomDag(ad::Graph&)>& build, const ad::Policy& pol) {
+  ad::Graph g;
+  RandomDag d = build(g);
+  return ad::test::remat::run(g, d, pol);
+}
+
+}  // namespace
+
+TEST_CASE("remat: deleted values are recomputed on demand after backward, bitwise equal to keep_all") {
+  int total = 0;
+  // a deep chain with dropout, and random DAGs (some of them chains)
+  std::vector<std::function<RandomDag(ad::Graph&)>> builds = {
+      [](ad::Graph& g) { return deep_chain(g, 40, 4, DType::f32, true); },
+      [](ad::Graph& g) { return deep_chain(g, 25, 3, DType::f64, true); }};
+  for (std::uint64_t seed = 1; seed <= 24; ++seed)
+    builds.push_back([seed](ad::Graph& g) {
+      return seed % 4 == 0 ? ad::test::random_chain(g, seed, 60 + static_cast<std::int64_t>(seed) * 5)
+                           : ad::test::random_dag(g, seed, 60 + static_cast<std::int64_t>(seed) * 5);
+    });
+  for (std::size_t i = 0; i < builds.size(); ++i) {
+    CAPTURE(i);
+    int n = check_recompute_on_demand(builds[i], ad::policy::sqrt_n());
+    CHECK(n > 0);
+    total += n;
+    // budget: a quarter of keep_all's peak where feasible, else the minimum
+    ad::Graph g;
+    RandomDag d = builds[i](g);
+    const std::int64_t b = std::max(keep_all_peak(builds[i]) / 4, min_budget(d.loss));
+    REQUIRE(b > 0);
+    n = check_recompute_on_demand(builds[i], ad::policy::budget(b));
+    CHECK(n > 0);
+    total += n;
+  }
+  MESSAGE("values recomputed on demand: " << total);
+}
+
+TEST_CASE("remat: plan cache: the same structure on a fresh graph hits, another structure or shape misses") {
+  using Build = std::function<RandomDag(ad::Graph&)>;
+  auto dag = [](std::uint64_t seed) -> Build {
+    return [seed](ad::Graph& g) { return ad::test::random_dag(g, seed, 80); };
+  };
+  auto chain = [](std::uint64_t seed) -> Build {
+    return [seed](ad::Graph& g) { return ad::test::random_chain(g, seed, 60); };
+  };
+  for (std::uint64_t seed : {3, 4, 5}) {
+    CAPTURE(seed);
+    const Build same = dag(seed), other = dag(seed + 100), same_chain = chain(seed);
+    const ad::test::remat::Outcome ref = run(same, ad::policy::keep_all());
+    const ad::test::remat::Outcome ref_chain = run(same_chain, ad::policy::keep_all());
+    std::int64_t half = keep_all_peak(same) / 2;
+    {
+      ad::Graph g, g2;  // feasible for the other structure too
+      half = std::max({half, min_budget(same(g).loss), min_budget(other(g2).loss)});
+    }
+    struct Case {
+      ad::Policy pol;
+      bool chain;
+    };
+    std::vector<Case> cases = {{ad::policy::uniform(3), false},
+                               {ad::policy::sqrt_n(), false},
+                               {ad::policy::selective(ad::save_matmuls), false},
+                               {ad::policy::budget(half), false},
+                               {ad::policy::optimal_chain(3), true},
+                               {ad::policy::sqrt_n(), true}};
+    for (const auto& c : cases) {
+      CAPTURE(c.pol.name());
+      CAPTURE(c.chain);
+      const Build& build = c.chain ? same_chain : same;
+      const auto& want = c.chain ? ref_chain : ref;
+      ad::Graph g1, g2, g3, g4;
+      RandomDag d1 = build(g1), d2 = build(g2);
+      ad::Report r1 = ad::backward(d1.loss, c.pol);
+      CHECK_FALSE(r1.plan_cached);
+      ad::test::check_bitwise(ad::test::grads_of(d1.params), want.grads);
+      ad::Report r2 = ad::backward(d2.loss, c.pol);
+      CHECK(r2.plan_cached);
+      CHECK(r2.predicted_peak_bytes == r2.measured_peak_bytes);
+      CHECK(r2.measured_peak_bytes == r1.measured_peak_bytes);
+      ad::test::check_bitwise(ad::test::grads_of(d2.params), want.grads);
+      REQUIRE(r1.plan->schedule.steps.size() == r2.plan->schedule.steps.size());
+      CHECK(std::equal(r1.plan->schedule.steps.begin(), r1.plan->schedule.steps.end(), r2.plan->schedule.steps.begin(),
+                       [](const ad::Step& a, const ad::Step& b) {
+                         return a.kind == b.kind && a.node == b.node && a.aux == b.aux;
+                       }));
+      // another structure misses (and is then cached too); copies of the policy share its cache
+      RandomDag d3 = c.chain ? chain(seed + 100)(g3) : other(g3);
+      CHECK_FALSE(ad::backward(d3.loss, c.pol).plan_cached);
+      ad::Policy copy = c.pol;
+      RandomDag d4 = build(g4);
+      ad::Report r4 = ad::backward(d4.loss, copy);
+      CHECK(r4.plan_cached);
+      ad::test::check_bitwise(ad::test::grads_of(d4.params), want.grads);
+    }
+  }
+  // same ops, another shape or dtype: misses; checkpoint marks are part of the structure
+  ad::Policy pol = ad::policy::manual();
+  auto step = [&](std::int64_t rows, DType t, bool mark) {
+    ad::Graph g;
+    RandomDag d = deep_chain(g, 12, rows, t);
+    if (mark) ad::checkpoint(d.pool[5]);
+    ad::Report r = ad::backward(d.loss, pol);
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+    return r.plan_cached;
+  };
+  CHECK_FALSE(step(4, DType::f32, true));
+  CHECK(step(4, DType::f32, true));
+  CHECK_FALSE(step(5, DType::f32, true));
+  CHECK_FALSE(step(4, DType::f64, true));
+  CHECK_FALSE(step(4, DType::f32, false));
+  CHECK(step(5, DType::f32, true));
+  CHECK(step(4, DType::f32, true));
+  // keep_all has nothing to plan: it is never cached
+  ad::Graph g;
+  CHECK_FALSE(ad::backward(deep_chain(g, 3).loss).plan_cached);
+}
+
+TEST_CASE("remat: explain and Report fields, sqrt_n vs keep_all on a deep chain") {
+  ad::Graph ga, gs;
+  RandomDag da = deep_chain(ga, 64), ds = deep_chain(gs, 64);
+  ad::Report ra = ad::backward(da.loss, ad::policy::keep_all());
+  ad::Report rs = ad::backward(ds.loss, ad::policy::sqrt_n());
+  ad::test::check_bitwise(ad::test::grads_of(ds.params), ad::test::grads_of(da.params));
+  CHECK(ra.recomputed_nodes == 0);
+  CHECK(ra.recompute_flops == 0);
+  CHECK(rs.recomputed_nodes > 0);
+  CHECK(rs.recompute_flops > 0);
+  CHECK(rs.kept_bytes > 0);
+  CHECK(rs.kept_bytes < ra.kept_bytes);
+  CHECK(rs.measured_peak_bytes < ra.measured_peak_bytes);
+  CHECK(rs.predicted_peak_bytes == rs.measured_peak_bytes);
+  CHECK(rs.computed_nodes == ra.computed_nodes + rs.recomputed_nodes);
+  CHECK(rs.policy == "sqrt_n");
+  CHECK(ra.policy == "keep_all");
+
+  const std::string ea = ad::explain(*ra.plan), es = ad::explain(*rs.plan);
+  CHECK(ea.find("recomputed") == std::string::npos);
+  CHECK(es.find("recomputed") != std::string::npos);
+  CHECK(es.find("sqrt_n") != std::string::npos);
+  // every forward node the run computed more than once is listed as recomputed that many extra times
+  std::map<std::int32_t, std::string> rows;
+  std::istringstream lines(es);
+  for (std::string line; std::getline(lines, line);)
+    if (line.size() > 2 && line[0] == '|' && line[2] >= '0' && line[2] <= '9') rows[std::stoi(line.substr(2))] = line;
+  int recomputed = 0;
+  for (std::int32_t id = 0; id <= ds.loss.id(); ++id) {
+    const ad::Node& nd = gs.impl().node(id);
+    if (nd.last_run_computes < 2) continue;
+    CAPTURE(id);
+    REQUIRE(rows.count(id));
+    CHECK(rows[id].find(fmt::format("recomputed x{}", nd.last_run_computes - 1)) != std::string::npos);
+    ++recomputed;
+  }
+  CHECK(recomputed > 0);
+  // the printed report names the policy and the peaks
+  const std::string table = fmt::format("{}", rs);
+  CHECK(table.find("sqrt_n") != std::string::npos);
+  CHECK(table.find(std::to_string(rs.measured_peak_bytes)) != std::string::npos);
+}
+
+TEST_CASE("remat: dropout inside recomputed segments gives bitwise equal gradients") {
+  for (DType t : {DType::f32, DType::f64}) {
+    CAPTURE(t == DType::f32);
+    auto build = [t](ad::Graph& g) { return deep_chain(g, 30, 5, t, true); };
+    const ad::test::remat::Outcome ref = run(build, ad::policy::keep_all());
+    std::int64_t min_b;
+    {
+      ad::Graph g;
+      min_b = min_budget(build(g).loss);
+    }
+    REQUIRE(min_b > 0);
+    for (const ad::Policy& pol : {ad::policy::sqrt_n(), ad::policy::uniform(2), ad::policy::manual(),
+                                  ad::policy::budget(min_b), ad::policy::optimal_chain(2),
+                                  ad::policy::selective(ad::save_matmuls)}) {
+      CAPTURE(pol.name());
+      ad::Graph g;
+      RandomDag d = build(g);
+      ad::Report r = ad::backward(d.loss, pol);
+      CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+      ad::test::check_bitwise(ad::test::grads_of(d.params), ref.grads);
+      CHECK(ad::bitwise_equal(d.loss.value(), ref.loss));
+      int dropouts_recomputed = 0;
+      for (const ad::Node& nd : g.impl().nodes) dropouts_recomputed += nd.op == ad::OpId::dropout && nd.last_run_computes > 1;
+      CHECK(dropouts_recomputed > 0);
+    }
+  }
+}
