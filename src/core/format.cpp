@@ -41,12 +41,12 @@ std::string to_string(const Tensor& t) {
 std::string to_string(const Report& r) {
   auto mib = [](std::int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   std::string s;
-  s += fmt::format("| policy | predicted peak | measured peak | baseline | computed | recomputed | steps | plan ms | run ms |\n");
-  s += fmt::format("|---|---|---|---|---|---|---|---|---|\n");
-  s += fmt::format("| {} | {} B ({:.2f} MiB) | {} B ({:.2f} MiB) | {} B | {} | {} | {} | {:.3f} | {:.3f} |", r.policy,
-                   r.predicted_peak_bytes, mib(r.predicted_peak_bytes), r.measured_peak_bytes,
-                   mib(r.measured_peak_bytes), r.baseline_bytes, r.computed_nodes, r.recomputed_nodes, r.steps,
-                   r.plan_ms, r.run_ms);
+  s += "| policy | predicted peak | measured peak | kept | computed | recomputed | extra flops | evictions | plan ms | run ms |\n";
+  s += "|---|---|---|---|---|---|---|---|---|---|\n";
+  s += fmt::format("| {} | {} B ({:.2f} MiB) | {} B ({:.2f} MiB) | {} B | {} | {} | {:.3g} | {} | {:.3f}{} | {:.3f} |",
+                   r.policy, r.predicted_peak_bytes, mib(r.predicted_peak_bytes), r.measured_peak_bytes,
+                   mib(r.measured_peak_bytes), r.kept_bytes, r.computed_nodes, r.recomputed_nodes, r.recompute_flops,
+                   r.evictions, r.plan_ms, r.plan_cached ? " (cached)" : "", r.run_ms);
   return s;
 }
 
