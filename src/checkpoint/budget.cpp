@@ -6,13 +6,19 @@
 // uniform keep sets, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
 // memory levels from the lower bound up to the keep_all peak, and, for
-// chain-shaped graphs, binomial (Revolve) schedules. Each candidate's
-// peak is simulated exactly; the plan for a budget B is the first candidate,
-// in (recompute cost, peak) order, whose peak is <= B. When none fits, a
-// second tier: the DTR schedules a bisection over memory levels finds between
-// the lower bound and the least fixed peak, again in (cost, peak) order; the
-// least of their peaks is the minimum feasible budget stated when B is below
-// it. Neither tier depends on B, so lowering the budget never raises the
+// chain-shaped graphs, binomial (Revolve) schedules. The DTR ladder runs
+// twice: demanding the nodes in autodiff's order, and in a low-memory
+// topological order (each step, the ready node whose demand adds the least
+// memory: a parameter gradient as soon as its inputs exist, since it is
+// accumulated and freed at once), from the top level down, stopping (per
+// order) at the first run longer than 16x keep_all's steps: lower levels
+// recompute the graph many times over and are left to the second tier.
+// Each candidate's peak is simulated exactly; the plan for a budget B is the
+// first candidate, in (recompute cost, peak) order, whose peak is <= B. When
+// none fits, a second tier: the DTR schedules a bisection over memory levels
+// finds between the lower bound and the least fixed peak, again in (cost,
+// peak) order; the least of their peaks is the minimum feasible budget stated
+// when B is below it. Neither tier depends on B, so lowering the budget never raises the
 // peak, and every budget at or above the stated minimum plans. (A DTR run at
 // level B itself would not do: DTR is greedy, and can get stuck at a level
 // above one where it succeeds.)
@@ -26,12 +32,18 @@ namespace ad::planner {
 
 namespace {
 
-// Plans one DTR run at memory level `limit`; nullopt when it gets stuck
-// (every present value is in use by the op being computed).
+// Plans one DTR run at memory level `limit`, demanding the nodes in `order`
+// (a topological order of p.order; default p.order); nullopt when it gets
+// stuck (every present value is in use by the op being computed).
 class Dtr {
  public:
-  Dtr(const Problem& p, std::int64_t limit) : p_(p), b_(p), limit_(limit) {
+  // max_steps: give up (nullopt) once the schedule has more steps (0: no limit)
+  Dtr(const Problem& p, std::int64_t limit, const std::vector<std::int32_t>* order = nullptr, std::size_t max_steps = 0)
+      : p_(p), b_(p), limit_(limit), max_steps_(max_steps), order_(order ? *order : p.order) {
     auto n = static_cast<std::size_t>(p.hi + 1);
+    pending_.assign(n, 0);
+    for (auto id : p.order) pending_[static_cast<std::size_t>(id)] = static_cast<std::int32_t>(p.consumers[static_cast<std::size_t>(id)].size());
+    slot_.assign(n, -1);
     lock_.assign(n, 0);
     last_.assign(n, 0);
     view_refs_.assign(n, 0);
@@ -44,9 +56,14 @@ class Dtr {
 
   std::optional<Schedule> run() {
     std::vector<std::int32_t> touched, cand;
-    for (auto d : p_.order) {
+    for (auto d : order_) {
       touched.clear();
       if (!ensure(d, touched)) return std::nullopt;
+      if (max_steps_ && b_.s.steps.size() > max_steps_) { capped_ = true; return std::nullopt; }
+      const auto& ins = p_.g.node(d).inputs;
+      for (std::size_t i = 0; i < ins.size(); ++i)  // d is served: one consumer less to wait for
+        if (std::find(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(i), ins[i]) == ins.begin() + static_cast<std::ptrdiff_t>(i))
+          --pending_[static_cast<std::size_t>(ins[i])];
       cand.clear();
       cand.push_back(d);
       for (auto t : touched) {
@@ -54,10 +71,12 @@ class Dtr {
         for (auto in : p_.g.node(t).inputs) cand.push_back(in);
       }
       for (auto u : cand)
-        if (b_.present(u) && !p_.pinned[static_cast<std::size_t>(u)] && b_.next_use(u, d) < 0) release(u);
+        if (b_.present(u) && !p_.pinned[static_cast<std::size_t>(u)] && pending_[static_cast<std::size_t>(u)] <= 0) release(u);
     }
     return b_.finish();
   }
+  // run() gave up because the schedule grew past max_steps
+  bool capped() const { return capped_; }
 
  private:
   bool is_view(std::int32_t id) const { return base_[static_cast<std::size_t>(id)] != id; }
@@ -80,6 +99,11 @@ class Dtr {
       touched.push_back(v);
       if (is_view(v)) ++view_refs_[static_cast<std::size_t>(base_[u])];
       else live_ += p_.bytes[u];
+      // only forward values are evicted: recomputing a gradient value would replay the backward pass behind it
+      if (v <= p_.boundary && !p_.pinned[u] && !is_view(v) && p_.bytes[u] > 0 && slot_[u] < 0) {
+        slot_[u] = static_cast<std::int32_t>(evictable_.size());
+        evictable_.push_back(v);
+      }
       last_[u] = ++clock_;
     }
     for (std::size_t i = 0; i < locked; ++i) --lock_[static_cast<std::size_t>(nd.inputs[i])];
@@ -89,22 +113,29 @@ class Dtr {
   void release(std::int32_t v) {
     auto u = static_cast<std::size_t>(v);
     b_.free(v);
+    if (slot_[u] >= 0) {
+      auto last = evictable_.back();
+      evictable_[static_cast<std::size_t>(slot_[u])] = last;
+      slot_[static_cast<std::size_t>(last)] = slot_[u];
+      evictable_.pop_back();
+      slot_[u] = -1;
+    }
     if (is_view(v)) --view_refs_[static_cast<std::size_t>(base_[u])];
     else live_ -= p_.bytes[u];
   }
 
-  // Evicts the value with the lowest cost / (bytes x staleness); false if none can go.
+  // Evicts the value with the lowest cost / (bytes x staleness), the lowest
+  // id among equals; false if none can go. Looks only at the present forward
+  // values that own memory (few when memory is tight), not at every node.
   bool evict_one() {
     std::int32_t best = -1;
     double best_h = 0;
-    for (auto id : p_.order) {
+    for (auto id : evictable_) {
       auto u = static_cast<std::size_t>(id);
-      // only forward values: recomputing a gradient value would replay the backward pass behind it
-      if (id > p_.boundary) break;
-      if (!b_.present(id) || p_.pinned[u] || lock_[u] || is_view(id) || view_refs_[u] || p_.bytes[u] == 0) continue;
+      if (lock_[u] || view_refs_[u]) continue;
       double stale = static_cast<double>(clock_ - last_[u] + 1);
       double h = (p_.flops[u] + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
-      if (best < 0 || h < best_h) { best = id; best_h = h; }
+      if (best < 0 || h < best_h || (h == best_h && id < best)) { best = id; best_h = h; }
     }
     if (best < 0) return false;
     release(best);
@@ -114,9 +145,14 @@ class Dtr {
   const Problem& p_;
   Builder b_;
   std::int64_t limit_;
+  std::size_t max_steps_;
+  bool capped_ = false;
   std::int64_t live_ = 0;
   std::int64_t clock_ = 0;
+  std::vector<std::int32_t> order_;
   std::vector<std::int32_t> lock_, base_, view_refs_;
+  std::vector<std::int32_t> pending_;              // consumers of each value not yet demanded
+  std::vector<std::int32_t> evictable_, slot_;     // present forward values that may be evicted; index in it
   std::vector<std::int64_t> last_;
 };
 
@@ -126,6 +162,55 @@ std::vector<std::int64_t> ladder(std::int64_t n) {
   for (double x = 1; static_cast<std::int64_t>(x) <= n; x = std::max(x + 1, x * 1.25)) v.push_back(static_cast<std::int64_t>(x));
   if (v.empty() || v.back() != n) v.push_back(n);
   return v;
+}
+
+// A topological order of p.order that keeps live memory low: each step, of
+// the nodes whose inputs are all computed, the one whose compute adds the
+// least (its bytes and workspace, or only the workspace if nothing reads it,
+// minus the inputs it reads last); ties go to the lower id (autodiff order).
+std::vector<std::int32_t> low_memory_order(const Problem& p) {
+  auto n = static_cast<std::size_t>(p.hi + 1);
+  std::vector<std::int32_t> missing(n, 0), uses(n, 0), ready, out;
+  auto first = [](const std::vector<std::int32_t>& ins, std::size_t i) {  // ins[i] not seen before in ins
+    return std::find(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(i), ins[i]) == ins.begin() + static_cast<std::ptrdiff_t>(i);
+  };
+  for (auto id : p.order) {
+    auto u = static_cast<std::size_t>(id);
+    uses[u] = static_cast<std::int32_t>(p.consumers[u].size());
+    const auto& ins = p.g.node(id).inputs;
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      if (first(ins, i) && p.needed[static_cast<std::size_t>(ins[i])]) ++missing[u];
+    if (!missing[u]) ready.push_back(id);
+  }
+  auto delta = [&](std::int32_t id) {
+    auto u = static_cast<std::size_t>(id);
+    std::int64_t d = p.ws[u] + ((uses[u] > 0 || p.pinned[u]) ? p.bytes[u] : 0);
+    const auto& ins = p.g.node(id).inputs;
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      auto x = static_cast<std::size_t>(ins[i]);
+      if (first(ins, i) && p.needed[x] && !p.pinned[x] && uses[x] == 1) d -= p.bytes[x];
+    }
+    return d;
+  };
+  out.reserve(p.order.size());
+  while (!ready.empty()) {
+    std::size_t best = 0;
+    std::int64_t bd = delta(ready[0]);
+    for (std::size_t i = 1; i < ready.size(); ++i) {
+      std::int64_t d = delta(ready[i]);
+      if (d < bd || (d == bd && ready[i] < ready[best])) { best = i; bd = d; }
+    }
+    std::int32_t id = ready[best];
+    ready[best] = ready.back();
+    ready.pop_back();
+    out.push_back(id);
+    const auto& ins = p.g.node(id).inputs;
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      if (first(ins, i)) --uses[static_cast<std::size_t>(ins[i])];
+    for (auto c : p.consumers[static_cast<std::size_t>(id)])
+      if (--missing[static_cast<std::size_t>(c)] == 0) ready.push_back(c);
+  }
+  return out;
 }
 
 struct Candidate {
@@ -169,11 +254,22 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
     add(keep_set(p, keep));
   }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
+  const std::vector<std::int32_t> low_memory = low_memory_order(p);
+  // A DTR run longer than this recomputes the graph many times over; the
+  // ladder leaves such low levels to the second tier below (the bisection).
+  const std::size_t max_steps = 16 * cands[0].s.steps.size();
   constexpr int kRungs = 12;
-  for (int r = 0; r <= kRungs; ++r) {
+  bool capped[2] = {false, false};  // per order: a run gave up at max_steps, lower rungs would run longer
+  for (int r = kRungs; r >= 0; --r) {
     double level = static_cast<double>(lb) * std::pow(static_cast<double>(top) / static_cast<double>(std::max<std::int64_t>(lb, 1)),
                                                       static_cast<double>(r) / kRungs);
-    if (auto s = Dtr(p, r == 0 ? lb : static_cast<std::int64_t>(level)).run()) add(std::move(*s));
+    auto lim = r == 0 ? lb : static_cast<std::int64_t>(level);
+    for (int k = 0; k < 2; ++k) {
+      if (capped[k]) continue;
+      Dtr d(p, lim, k ? &low_memory : nullptr, max_steps);
+      if (auto s = d.run()) add(std::move(*s));
+      else capped[k] = d.capped();
+    }
   }
   // chains: binomial (Revolve) schedules with growing numbers of snapshots
   bool chain = true;
