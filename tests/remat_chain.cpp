@@ -186,7 +186,9 @@ TEST_CASE("remat: optimal_chain executes exactly T(l, s) + l forward computation
     grid.emplace_back(21 + static_cast<std::int64_t>(pick(179)), 1 + static_cast<std::int32_t>(pick(kMaxS)));
   std::int64_t last_l = -1;
   std::vector<ad::Tensor> ref;
-  for (auto [l, s] : grid) {
+  for (const auto& ls : grid) {
+    const std::int64_t l = ls.first;  // not a structured binding: CAPTURE needs capturable variables
+    const std::int32_t s = ls.second;
     CAPTURE(l);
     CAPTURE(s);
     const ad::DType t = l % 2 ? ad::DType::f32 : ad::DType::f64;
