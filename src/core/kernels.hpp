@@ -84,6 +84,16 @@ void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs, T* y, 
   }
 }
 
+// A shape seen around one axis: elements before it (outer), along it (len)
+// and after it (inner); element (o, j, i) is at (o * len + j) * inner + i.
+struct AxisSplit { std::int64_t outer, len, inner; };
+inline AxisSplit split_at(const Shape& s, std::int64_t axis) {
+  AxisSplit r{1, s[static_cast<int>(axis)], 1};
+  for (int i = 0; i < axis; ++i) r.outer *= s[i];
+  for (int i = static_cast<int>(axis) + 1; i < s.rank(); ++i) r.inner *= s[i];
+  return r;
+}
+
 // acc += v (same shape and dtype).
 void add_into(Tensor& acc, const Tensor& v);
 

@@ -96,13 +96,8 @@ Var expand_back(const Var& dy, const Var& x, const Shape& axes) {
 }
 
 // ---- per-axis layout: (outer, len, inner) ----
-struct Rows { std::int64_t outer, len, inner; };
-Rows rows_of(const Shape& s, std::int64_t axis) {
-  Rows r{1, s[static_cast<int>(axis)], 1};
-  for (int i = 0; i < axis; ++i) r.outer *= s[i];
-  for (int i = static_cast<int>(axis) + 1; i < s.rank(); ++i) r.inner *= s[i];
-  return r;
-}
+using Rows = kernels::AxisSplit;
+Rows rows_of(const Shape& s, std::int64_t axis) { return kernels::split_at(s, axis); }
 Meta infer_axis_same(const InferArgs& a) {
   check_float_same(a);
   if (a[0].shape.rank() == 0) fail_shapes(a, "needs rank >= 1");

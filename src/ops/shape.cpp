@@ -9,14 +9,8 @@
 namespace ad {
 
 namespace {
-// Elements before / at / after `axis`.
-struct AxisSplit { std::int64_t outer, len, inner; };
-AxisSplit split_at(const Shape& s, std::int64_t axis) {
-  AxisSplit r{1, s[static_cast<int>(axis)], 1};
-  for (int i = 0; i < axis; ++i) r.outer *= s[i];
-  for (int i = static_cast<int>(axis) + 1; i < s.rank(); ++i) r.inner *= s[i];
-  return r;
-}
+using kernels::AxisSplit;
+using kernels::split_at;
 Meta infer_float_or_index(const InferArgs& a) {
   if (a[0].dtype == DType::f16 || a[0].dtype == DType::bf16)
     fail_shapes(a, "f16/bf16 are storage types; cast to f32 first");
