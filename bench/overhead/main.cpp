@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
   if (!have_torch()) o.torch = false;
   try {
     openblas_set_num_threads(o.threads);
-    std::string torch_ver = "not built (LibTorch not found by CMake)";
+    std::string torch_ver = "not built in (AD_BENCH_TORCH=OFF, or CMake did not find LibTorch)";
     int torch_threads = 0;
 #ifdef AD_BENCH_HAVE_TORCH
     if (o.torch) {
