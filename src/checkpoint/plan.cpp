@@ -43,39 +43,40 @@ Policy Policy::compressed(DType storage) const {
 }
 
 namespace policy {
-Policy keep_all() { return {}; }  // planning it costs no more than a cache lookup
-Policy manual() { Policy p; p.kind = Policy::Kind::manual; p.cache = std::make_shared<PlanCache>(); return p; }
-Policy uniform(std::int64_t k) {
-  if (k < 1) throw Error(fmt::format("policy::uniform: k must be >= 1, got {}", k));
+namespace {
+// A policy of `kind` with its own plan cache (shared by its copies).
+Policy cached(Policy::Kind kind) {
   Policy p;
-  p.kind = Policy::Kind::uniform;
-  p.every = k;
+  p.kind = kind;
   p.cache = std::make_shared<PlanCache>();
   return p;
 }
-Policy sqrt_n() { Policy p; p.kind = Policy::Kind::sqrt_n; p.cache = std::make_shared<PlanCache>(); return p; }
+}  // namespace
+Policy keep_all() { return {}; }  // planning it costs no more than a cache lookup
+Policy manual() { return cached(Policy::Kind::manual); }
+Policy uniform(std::int64_t k) {
+  if (k < 1) throw Error(fmt::format("policy::uniform: k must be >= 1, got {}", k));
+  Policy p = cached(Policy::Kind::uniform);
+  p.every = k;
+  return p;
+}
+Policy sqrt_n() { return cached(Policy::Kind::sqrt_n); }
 Policy selective(KeepFn keep) {
   if (!keep) throw Error("policy::selective: empty predicate");
-  Policy p;
-  p.kind = Policy::Kind::selective;
+  Policy p = cached(Policy::Kind::selective);
   p.keep = std::move(keep);
-  p.cache = std::make_shared<PlanCache>();
   return p;
 }
 Policy budget(std::int64_t bytes) {
   if (bytes < 0) throw Error(fmt::format("policy::budget: negative budget {} B", bytes));
-  Policy p;
-  p.kind = Policy::Kind::budget;
+  Policy p = cached(Policy::Kind::budget);
   p.budget_bytes = bytes;
-  p.cache = std::make_shared<PlanCache>();
   return p;
 }
 Policy optimal_chain(std::int32_t slots) {
   if (slots < 1) throw Error(fmt::format("policy::optimal_chain: needs at least 1 slot, got {}", slots));
-  Policy p;
-  p.kind = Policy::Kind::optimal_chain;
+  Policy p = cached(Policy::Kind::optimal_chain);
   p.slots = slots;
-  p.cache = std::make_shared<PlanCache>();
   return p;
 }
 }  // namespace policy
