@@ -170,6 +170,22 @@ void shape_ops(CaseList& c, Rng& rng) {
     c.add(OpId::slice_backward, fmt::format("{} into {} axis {} [{}, {})", s.dy.str(), s.x.str(), s.axis, s.start, s.stop),
           {randn64(s.dy, rng)}, [at](const std::vector<Var>& v) { return make_node(OpId::slice_backward, {v[0]}, at); });
   }
+  // part: a flat view at an offset; two overlapping parts of one tensor feed one op
+  c.add(OpId::part, "[4,5] 12 at 3 as [2,6]", {randn64({4, 5}, rng)},
+        [](const std::vector<Var>& v) { return part(v[0], 3, {2, 6}); });
+  c.add(OpId::part, "[6] whole as [2,3]", {randn64({6}, rng)},
+        [](const std::vector<Var>& v) { return part(v[0], 0, {2, 3}); });
+  c.add(OpId::part, "[2,4] overlapping parts multiplied", {randn64({2, 4}, rng)},
+        [](const std::vector<Var>& v) { return part(v[0], 0, {5}) * part(v[0], 3, {5}); });
+  struct PB { Shape dy, x; std::int64_t start; };
+  const PB pbs[] = {{{2, 3}, {4, 5}, 7}, {{6}, {6}, 0}, {{3}, {2, 4}, 5}};
+  for (const PB& s : pbs) {
+    Attrs at;
+    at.shape = s.x;
+    at.start = s.start;
+    c.add(OpId::part_backward, fmt::format("{} into {} at {}", s.dy.str(), s.x.str(), s.start), {randn64(s.dy, rng)},
+          [at](const std::vector<Var>& v) { return make_node(OpId::part_backward, {v[0]}, at); });
+  }
   // concat of 3, of 2 along the last axis, along a middle axis, and of 1
   c.add(OpId::concat, "[2,3] [1,3] [4,3] axis 0", {randn64({2, 3}, rng), randn64({1, 3}, rng), randn64({4, 3}, rng)},
         [](const std::vector<Var>& v) { return concat({v[0], v[1], v[2]}, 0); });

@@ -159,6 +159,8 @@ TEST_CASE("misuse: bad axes") {
   EXPECT_ERROR(ad::logsumexp(x, 2), "logsumexp", "axis 2", "[2,3]");
   EXPECT_ERROR(ad::logsumexp(x, -3), "logsumexp", "axis -3", "[2,3]");
   EXPECT_ERROR(ad::slice(x, 2, 0, 1), "slice", "axis 2", "[2,3]");
+  EXPECT_ERROR(ad::part(x, 2, {5}), "part", "[5]", "offset 2", "[2,3]");
+  EXPECT_ERROR(ad::part(x, -1, {2}), "part", "offset -1");
   EXPECT_ERROR(ad::slice(x, -3, 0, 1), "slice", "axis -3", "[2,3]");
   EXPECT_ERROR(ad::concat({x, x}, 2), "concat", "axis 2", "[2,3]");
   EXPECT_ERROR(ad::concat({x, x}, -3), "concat", "axis -3", "[2,3]");

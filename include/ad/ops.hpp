@@ -64,6 +64,10 @@ Var sum_to(const Operand& x, const Shape& shape);
 // x[..., start:stop, ...] along `axis` (negative start/stop/axis count from
 // the end, as in Python; stop is clamped to the dim).
 Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop);
+// numel(shape) elements of x in flat order starting at element `offset`, as
+// a view (no copy). Ops with several outputs return one buffer and hand out
+// its parts this way.
+Var part(const Operand& x, std::int64_t offset, const Shape& shape);
 // Joins tensors along `axis`; all other dims must agree.
 Var concat(const std::vector<Var>& xs, int axis = 0);
 // Rows of x along `axis` picked by integer `index` (i64, any shape):

@@ -67,7 +67,9 @@ class Tensor {
   // Typed access; throws ad::Error if T does not match dtype().
   template <class T> T* data() { check_type(DTypeOf<T>::value); return static_cast<T*>(raw()); }
   template <class T> const T* data() const { check_type(DTypeOf<T>::value); return static_cast<const T*>(raw()); }
-  void* raw() const { return storage_ ? storage_->data() : nullptr; }
+  void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr; }
+  // Byte offset of element 0 in the storage (non-zero only for part views).
+  std::size_t storage_offset() const { return offset_; }
 
   // The value of a one-element tensor, converted to double.
   double item() const;
@@ -78,6 +80,9 @@ class Tensor {
 
   // Same storage, new shape (numel must match). A view: writes show in both.
   Tensor reshape(const Shape& shape) const;
+  // A view of numel(shape) elements starting at element `offset` of this
+  // tensor's flat order (how one buffer carries several outputs of an op).
+  Tensor view(std::int64_t offset, const Shape& shape) const;
   Tensor clone(std::shared_ptr<Allocator> alloc = nullptr) const;
   // Converted copy (f32/f64/f16/bf16/i64 in any direction).
   Tensor to(DType dtype) const;
@@ -91,6 +96,7 @@ class Tensor {
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   DType dtype_ = DType::f32;
+  std::size_t offset_ = 0;
 };
 
 // True when shapes, dtypes and every bit of the values agree.

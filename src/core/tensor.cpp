@@ -141,6 +141,16 @@ Tensor Tensor::reshape(const Shape& shape) const {
   t.shape_ = shape;
   return t;
 }
+Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
+  check_shape(shape, "Tensor::view");
+  if (!defined()) throw Error("Tensor::view: undefined tensor");
+  if (offset < 0 || offset + shape.numel() > numel())
+    throw Error(fmt::format("Tensor::view: {} elements at offset {} do not fit in {}", shape.numel(), offset, shape_.str()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.offset_ = offset_ + static_cast<std::size_t>(offset) * dtype_size(dtype_);
+  return t;
+}
 Tensor Tensor::clone(std::shared_ptr<Allocator> alloc) const {
   if (!defined()) return {};
   Tensor t = empty(shape_, dtype_, device(), std::move(alloc));

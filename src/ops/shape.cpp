@@ -256,6 +256,51 @@ const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity
                                   .infer = infer_slice_backward, .cpu = slice_backward_cpu,
                                   .backward = slice_backward_bwd};
 
+// ---- part ----  numel(shape) elements of x's flat order from element `start`,
+// as a view: how an op with several outputs (or a backward op producing
+// several gradients) returns them from one buffer without copies.
+Meta infer_part(const InferArgs& a) {
+  infer_float_or_index(a);
+  if (a.attrs.start < 0 || a.attrs.start + a.attrs.shape.numel() > a[0].shape.numel())
+    fail_shapes(a, fmt::format("{} elements at offset {} do not fit", a.attrs.shape.str(), a.attrs.start));
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void part_cpu(const KernelArgs& k) { k.out = k[0].view(k.attrs.start, k.out_meta.shape); }
+void part_bwd(BackwardArgs& a) {
+  Attrs at;
+  at.start = a.attrs.start;
+  at.shape = a.in[0].shape();
+  a.grad[0] = make_node(OpId::part_backward, {a.dout}, at);
+}
+const OpDef op_def_part{.name = "part", .args = "x", .arity = 1, .infer = infer_part, .cpu = part_cpu,
+                        .backward = part_bwd, .flops = [](const InferArgs&, const Meta&) { return 0.0; },
+                        .view = true};
+Var part(const Operand& x, std::int64_t offset, const Shape& shape) {
+  Attrs at;
+  at.start = offset;
+  at.shape = shape;
+  return make_node(OpId::part, {x}, at);
+}
+// ---- part_backward ----  dy -> zeros of attrs.shape with dy's elements at flat offset start
+Meta infer_part_backward(const InferArgs& a) {
+  check_float_same(a);
+  if (a.attrs.start < 0 || a.attrs.start + a[0].shape.numel() > a.attrs.shape.numel())
+    fail_shapes(a, fmt::format("does not fit in {} at offset {}", a.attrs.shape.str(), a.attrs.start));
+  return Meta{a.attrs.shape, a[0].dtype, a[0].device};
+}
+void part_backward_cpu(const KernelArgs& k) {
+  auto es = dtype_size(k.out.dtype());
+  auto* dst = static_cast<char*>(k.out.raw());
+  std::size_t at = static_cast<std::size_t>(k.attrs.start) * es, n = k[0].nbytes();
+  std::memset(dst, 0, at);
+  if (n) std::memcpy(dst + at, k[0].raw(), n);
+  std::memset(dst + at + n, 0, k.out.nbytes() - at - n);
+}
+void part_backward_bwd(BackwardArgs& a) { a.grad[0] = part(a.dout, a.attrs.start, a.in[0].shape()); }
+const OpDef op_def_part_backward{.name = "part_backward", .args = "dy", .arity = 1,
+                                 .infer = infer_part_backward, .cpu = part_backward_cpu,
+                                 .backward = part_backward_bwd};
+
 // ---- concat ----  joins along axis; other dims equal
 Meta infer_concat(const InferArgs& a) {
   if (a[0].dtype != DType::i64) check_float_same(a);
