@@ -153,10 +153,16 @@ bool same_bits(const Row& a, const Row& b) {
 int main(int argc, char** argv) {
   int steps = 6;
   std::uint64_t seed = 11;
+  std::string trace_path, dot_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::max(2, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else { std::fprintf(stderr, "usage: %s [--steps N] [--seed S]\n", argv[0]); return 2; }
+    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--dot") && i + 1 < argc) dot_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: %s [--steps N] [--seed S] [--trace step.trace.json] [--dot plan.dot]\n", argv[0]);
+      return 2;
+    }
   }
   try {
     constexpr int kLayers = 32;
@@ -220,6 +226,23 @@ int main(int argc, char** argv) {
     std::size_t total = static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
     fmt::print("\nad::explain of a 4-layer MLP ({}-32x3-{}) under sqrt_n:\n\n{}", kIn, kOut, text.substr(0, cut));
     if (cut < text.size()) fmt::print("| … | ({} more rows) | | | | | |\n", total - static_cast<std::size_t>(lines));
+    // ---- the memory timeline of one step and the plan as a picture ----
+    if (!trace_path.empty()) {
+      ad::Trace trace;
+      g.record(&trace);
+      ad::Report rep = ad::backward(loss, ad::policy::sqrt_n());
+      g.record(nullptr);
+      trace.save(trace_path);
+      fmt::print("\nwrote {}: {} events of one sqrt_n step (peak {}); open it in Perfetto or chrome://tracing\n",
+                 trace_path, trace.events().size(), bytes_str(rep.measured_peak_bytes));
+    }
+    if (!dot_path.empty()) {
+      std::string dot = ad::to_dot(g, plan);
+      std::FILE* f = std::fopen(dot_path.c_str(), "w");
+      if (!f || std::fwrite(dot.data(), 1, dot.size(), f) != dot.size()) throw ad::Error("cannot write " + dot_path);
+      std::fclose(f);
+      fmt::print("wrote {}: the sqrt_n plan as Graphviz (dot -Tsvg {} -o plan.svg)\n", dot_path, dot_path);
+    }
     bool all_same = true;
     for (const Row& r : rows) all_same = all_same && (!r.error.empty() || same_bits(r, base));
     return all_same ? 0 : 1;

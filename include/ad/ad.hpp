@@ -7,4 +7,5 @@
 #include "ad/ops.hpp"
 #include "ad/schedule.hpp"
 #include "ad/tensor.hpp"
+#include "ad/trace.hpp"
 #include "ad/version.hpp"

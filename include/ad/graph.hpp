@@ -21,6 +21,7 @@ inline constexpr int kNumOps = 0
 const char* op_name(OpId op);
 
 class GraphImpl;
+class Trace;
 struct ParamState;
 
 // A trainable tensor that outlives graphs. Copies share the same state, so a
@@ -103,6 +104,9 @@ class Graph {
   std::int64_t num_nodes() const;
   // Bytes currently held by values this graph computed (not leaves).
   std::int64_t live_bytes() const;
+  // Records every step the executor runs on this graph into `trace` (not
+  // owned; it must outlive the recording) until record(nullptr).
+  void record(Trace* trace);
   GraphImpl& impl() const { return *impl_; }
 
  private:

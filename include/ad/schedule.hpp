@@ -82,6 +82,16 @@ struct Plan {
 // its value and why, one line each (a markdown table).
 std::string explain(const Plan& plan);
 
+// Graphviz DOT of the nodes a plan computes (and the leaves they read): each
+// node's op, value (dtype and shape), bytes, and its fate under the plan —
+// kept (green), deleted and recomputed (salmon), gradient freed after use
+// (blue, dashed), leaves (grey / gold for parameters). `dot -Tsvg` draws it.
+// Throws ad::Error for an empty plan or a plan made for another graph.
+std::string to_dot(const Plan& plan);
+std::string to_dot(const Graph& graph, const Plan& plan);
+// Every node of a graph, without a plan.
+std::string to_dot(const Graph& graph);
+
 // What backward() reports about a step.
 struct Report {
   std::string policy;

@@ -8,6 +8,7 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ad/trace.hpp"
 
 namespace ad {
 
@@ -46,6 +47,10 @@ class Runner {
   RunStats run() {
     auto t0 = std::chrono::steady_clock::now();
     r_.baseline_bytes = g_.alloc->reset_peak();
+    if (trace_) {
+      run_ = trace_->begin_run();
+      mark_live();
+    }
     for (const Step& st : s_.steps)
       if (st.kind == Step::Kind::compute && st.node >= 0 && static_cast<std::size_t>(st.node) < g_.nodes.size())
         g_.node(st.node).last_run_computes = 0;
@@ -56,8 +61,10 @@ class Runner {
       switch (st.kind) {
         case Step::Kind::compute: compute(st.node); break;
         case Step::Kind::free:
+          if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
           nd.value = Tensor{};
           if (budget_ > 0) evicted_[static_cast<std::size_t>(st.node)] = 0;
+          mark_live();
           break;
         case Step::Kind::accumulate:
           if (st.aux < 0 || static_cast<std::size_t>(st.aux) >= s_.sinks.size() ||
@@ -67,7 +74,11 @@ class Runner {
           if (!nd.value.defined())
             throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
-          accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
+          {
+            double ts = trace_ ? trace_->now_us() : 0;
+            accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
+            if (trace_) span(TraceEvent::Kind::accumulate, st.node, ts, s_.sinks[static_cast<std::size_t>(st.aux)].name());
+          }
           break;
         case Step::Kind::compress:
         case Step::Kind::decompress: {
@@ -75,16 +86,28 @@ class Runner {
             throw Error(fmt::format("execute: (de)compress of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
           DType to = st.kind == Step::Kind::compress ? static_cast<DType>(st.aux) : nd.meta.dtype;
+          double ts = trace_ ? trace_->now_us() : 0;
           Tensor t = Tensor::empty(nd.meta.shape, to, nd.meta.device, g_.alloc);
+          if (trace_) event(TraceEvent::Kind::alloc, st.node, static_cast<std::int64_t>(t.nbytes()));
           t.copy_from(nd.value);  // converts
+          if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
           nd.value = std::move(t);
+          if (trace_) {
+            span(st.kind == Step::Kind::compress ? TraceEvent::Kind::compress : TraceEvent::Kind::decompress, st.node,
+                 ts, op_def(nd.op).name);
+            mark_live();
+          }
           break;
         }
       }
     }
     // values the guard recomputed that the schedule did not keep
     for (auto id : extra_)
-      if (std::find(target_.begin(), target_.end(), id) == target_.end()) g_.node(id).value = Tensor{};
+      if (std::find(target_.begin(), target_.end(), id) == target_.end()) {
+        if (trace_) note_release(id, g_.node(id).value, TraceEvent::Kind::free);
+        g_.node(id).value = Tensor{};
+      }
+    if (trace_) mark_live();
     r_.measured_peak_bytes = g_.alloc->peak_bytes() - r_.baseline_bytes;
     r_.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r_;
@@ -135,8 +158,23 @@ class Runner {
     std::unique_ptr<Storage> ws;  // counted by the graph's allocator, freed after the kernel
     if (ws_bytes > 0) ws = std::make_unique<Storage>(g_.alloc, static_cast<std::size_t>(ws_bytes));
     KernelArgs a{ins_, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
+    double t0 = 0;
+    if (trace_) {
+      if (!def.view) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(nd.meta.nbytes()));
+      if (ws_bytes > 0) event(TraceEvent::Kind::alloc, id, ws_bytes, "workspace");
+      mark_live();
+      t0 = trace_->now_us();
+    }
     def.cpu(a);
     nd.value = std::move(out);
+    if (trace_) {
+      span(nd.last_run_computes > 0 ? TraceEvent::Kind::recompute : TraceEvent::Kind::compute, id, t0, def.name);
+      if (ws) {
+        ws.reset();
+        event(TraceEvent::Kind::free, id, ws_bytes, "workspace");
+        mark_live();
+      }
+    }
     protect_.resize(guard_mark);
     if (nd.last_run_computes > 0) ++r_.recomputed_nodes;
     ++r_.computed_nodes;
@@ -171,14 +209,41 @@ class Runner {
         throw Error(fmt::format("execute: budget of {} B cannot hold {}#{} ({} B) and the values it needs; nothing "
                                 "left to evict",
                                 budget_, op_def(nd.op).name, id, need));
+      if (trace_) note_release(best, g_.node(best).value, TraceEvent::Kind::evict);
       g_.node(best).value = Tensor{};
+      mark_live();
       evicted_[static_cast<std::size_t>(best)] = 1;
       ++r_.evictions;
     }
   }
 
+  // ---- trace recording (only when the graph has a Trace attached) ----
+  void event(TraceEvent::Kind k, std::int32_t id, std::int64_t bytes, const char* name = nullptr) {
+    const Node& nd = g_.node(id);
+    trace_->add(TraceEvent{k, id, name ? name : op_def(nd.op).name, describe(nd.meta), trace_->now_us(), 0, bytes, run_});
+  }
+  void span(TraceEvent::Kind k, std::int32_t id, double t0, const std::string& name) {
+    const Node& nd = g_.node(id);
+    double t1 = trace_->now_us();
+    trace_->add(TraceEvent{k, id, name, describe(nd.meta), t0, t1 - t0,
+                           op_def(nd.op).view ? 0 : static_cast<std::int64_t>(nd.meta.nbytes()), run_});
+  }
+  // A value about to be dropped: an event when this drops the last reference
+  // to its storage (a base freed while a view still reads it is released
+  // later, by the view's free).
+  void note_release(std::int32_t id, const Tensor& v, TraceEvent::Kind k) {
+    if (v.defined() && v.storage().use_count() == 1) event(k, id, static_cast<std::int64_t>(v.storage()->bytes()));
+  }
+  void mark_live() {
+    if (trace_)
+      trace_->add(TraceEvent{TraceEvent::Kind::live, -1, {}, {}, trace_->now_us(), 0,
+                             g_.alloc->live_bytes() - r_.baseline_bytes, run_});
+  }
+
   GraphImpl& g_;
   const Schedule& s_;
+  Trace* trace_ = g_.trace;
+  std::int32_t run_ = 0;
   RunStats r_;
   std::int64_t budget_ = 0, clock_ = 0;
   int depth_ = 0;

@@ -95,6 +95,7 @@ Var Graph::param(const Parameter& p) {
 }
 std::int64_t Graph::num_nodes() const { return static_cast<std::int64_t>(impl_->nodes.size()); }
 std::int64_t Graph::live_bytes() const { return impl_->alloc->live_bytes(); }
+void Graph::record(Trace* trace) { impl_->trace = trace; }
 
 // ---- Var ----
 static const Node& checked_node(const Var& v) {

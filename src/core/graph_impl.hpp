@@ -13,6 +13,7 @@
 #include "ad/graph.hpp"
 #include "ad/ops.hpp"
 #include "ad/schedule.hpp"
+#include "ad/trace.hpp"
 
 namespace ad {
 
@@ -134,6 +135,8 @@ class GraphImpl {
   // Testing aid: fill every output with a NaN/garbage pattern before its
   // kernel runs, so a kernel that leaves elements unwritten is caught.
   bool poison_outputs = false;
+  // Graph::record: where executed steps are recorded (not owned), or null.
+  Trace* trace = nullptr;
 };
 
 // Builds a node: resolves the graph of the operands, infers the output meta
