@@ -78,6 +78,7 @@ class Runner {
             double ts = trace_ ? trace_->now_us() : 0;
             accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
             if (trace_) span(TraceEvent::Kind::accumulate, st.node, ts, s_.sinks[static_cast<std::size_t>(st.aux)].name());
+            if (g_.on_grad_ready) g_.on_grad_ready(s_.sinks[static_cast<std::size_t>(st.aux)]);
           }
           break;
         case Step::Kind::compress:

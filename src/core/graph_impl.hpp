@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -137,6 +138,10 @@ class GraphImpl {
   bool poison_outputs = false;
   // Graph::record: where executed steps are recorded (not owned), or null.
   Trace* trace = nullptr;
+  // Called by the executor after each accumulate step (a parameter's
+  // gradient for this step is complete); dist::DataParallel starts its
+  // all-reduces from here.
+  std::function<void(const Parameter&)> on_grad_ready;
 };
 
 // Builds a node: resolves the graph of the operands, infers the output meta

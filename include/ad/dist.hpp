@@ -1,0 +1,139 @@
+#pragma once
+// ad::dist — collectives over existing engines (MPI for CPU tensors; NCCL for
+// CUDA tensors once the CUDA backend lands) and data-parallel training on top.
+//
+// Launch with the MPI launcher; every rank runs the same program:
+//   mpirun -np 4 ./train
+//   auto comm = ad::dist::Communicator::from_env();   // MPI_Init from the launcher's environment
+//   ad::dist::DataParallel dp(comm, model_params);    // broadcasts rank 0's parameters
+//   ... ad::Report r = dp.backward(loss, policy);      // gradients averaged over ranks
+// A build without MPI (AD_MPI=OFF) or a process started without a launcher
+// gets a world of one rank, where every collective is the identity.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ad/graph.hpp"
+#include "ad/policy.hpp"
+#include "ad/schedule.hpp"
+#include "ad/tensor.hpp"
+
+namespace ad::dist {
+
+enum class ReduceOp { sum, mean };
+
+// True when this build can use the backend.
+bool have_mpi();
+bool have_nccl();
+
+struct Options {
+  // A collective that makes no progress for this long throws ad::Error
+  // (a rank died, hangs, or stopped calling collectives). 0: wait forever.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+
+class Communicator {
+ public:
+  // Initialises MPI (once per process, thread level "funneled") from the
+  // launcher's environment and returns the world communicator. Without MPI
+  // in the build, a world of one. Throws ad::Error if MPI fails to start.
+  static Communicator from_env(Options options = {});
+  // A world of one rank (no MPI calls), for single-process runs and tests.
+  static Communicator local();
+
+  int rank() const;
+  int size() const;
+  const char* backend() const;  // "mpi" or "local"
+  const Options& options() const;
+
+  // In place over all ranks. Every rank passes a tensor of the same shape and
+  // dtype (f32, f64 or i64; mean needs f32/f64). Checked: a rank whose shape
+  // differs gets ad::Error naming both. Blocking, with the timeout.
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) const;
+  // Root's values into t on every rank (same shape and dtype everywhere).
+  void broadcast(Tensor& t, int root = 0) const;
+  // in: (size * n) elements on every rank; out: (n) elements = rank's block
+  // of the reduction. Shapes checked.
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::sum) const;
+  // in: n elements per rank; out: size * n elements, rank r's block at r * n.
+  void all_gather(const Tensor& in, Tensor& out) const;
+  void barrier() const;
+
+  // Non-blocking all_reduce of t (sum, or mean applied at wait()). t must
+  // stay alive and untouched until wait() returns.
+  class Work {
+   public:
+    Work();
+    Work(Work&&) noexcept;
+    Work& operator=(Work&&) noexcept;
+    ~Work();
+    // Blocks until done (with the communicator's timeout); idempotent.
+    void wait();
+    // Advances MPI's progress engine; true when complete.
+    bool test();
+    struct Impl;
+
+   private:
+    friend class Communicator;
+    std::unique_ptr<Impl> impl_;
+  };
+  Work all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::sum) const;
+
+  // Bytes of the full-size buffers of the collectives this rank has run
+  // (all_reduce and broadcast: the tensor; reduce_scatter: its input;
+  // all_gather: its output). A bandwidth-optimal algorithm sends
+  // (size-1)/size of that per rank, twice for all_reduce.
+  std::int64_t bytes_communicated() const;
+
+  // Ends every rank of the job (MPI_Abort) with `code`; for a program whose
+  // collective failed, so the launcher does not wait for the others.
+  [[noreturn]] void abort(int code = 1) const;
+
+  struct Impl;
+
+ private:
+  explicit Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+// Data-parallel training. Parameters are broadcast from rank 0 when it is
+// made. backward() runs ad::backward on this rank's loss and averages each
+// parameter's gradient over the ranks: gradients are packed into buckets of
+// about `bucket_bytes` in the order backward produces them, and a bucket's
+// all-reduce starts as soon as its last gradient has been accumulated, so
+// communication overlaps with the rest of backward (MPI progresses it each
+// time another gradient is ready). Any rematerialisation policy works
+// unchanged: the schedule is per rank.
+class DataParallel {
+ public:
+  DataParallel(Communicator comm, std::vector<Parameter> params, std::int64_t bucket_bytes = 4 << 20);
+  Report backward(const Var& loss, const Policy& policy = policy::keep_all());
+  // Averages the gradients already accumulated (for a custom backward).
+  void all_reduce_gradients();
+  const Communicator& comm() const { return comm_; }
+  const std::vector<Parameter>& params() const { return params_; }
+  std::int64_t buckets() const { return static_cast<std::int64_t>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> members;  // indices into params_
+    std::int64_t elems = 0;
+    DType dtype = DType::f32;
+  };
+  void build_buckets(std::int64_t bucket_bytes);
+  Communicator comm_;
+  std::vector<Parameter> params_;
+  std::vector<Bucket> buckets_;
+};
+
+// Which examples of a dataset of n this rank sees in an epoch: a permutation
+// of 0..n-1 drawn from (seed, epoch) — the same on every rank — split into
+// `world` strided shards; the last (n mod world) examples of the permutation
+// are dropped so every rank takes the same number of steps.
+std::vector<std::int64_t> shard_indices(std::int64_t n, int rank, int world, std::uint64_t seed, std::int64_t epoch,
+                                        bool shuffle = true);
+
+}  // namespace ad::dist

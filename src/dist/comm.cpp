@@ -1,0 +1,297 @@
+// Communicator: collectives over MPI (CPU tensors), or a world of one.
+// Every collective is non-blocking underneath and waited for against the
+// communicator's timeout, so a dead or stuck rank turns into an ad::Error.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "ad/dist.hpp"
+#include "ad/error.hpp"
+
+#if AD_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace ad::dist {
+
+bool have_mpi() { return AD_HAVE_MPI != 0; }
+bool have_nccl() { return false; }  // needs the CUDA backend
+
+struct Communicator::Impl {
+  int rank = 0, size = 1;
+  Options options;
+  bool mpi = false;
+  mutable std::int64_t bytes = 0;
+#if AD_HAVE_MPI
+  MPI_Comm comm = MPI_COMM_NULL;
+#endif
+};
+
+namespace {
+
+std::string what(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype()), t.shape().str()); }
+
+void check_tensor(const char* op, const Tensor& t, bool need_float) {
+  if (!t.defined()) throw Error(fmt::format("{}: undefined tensor", op));
+  if (t.device().kind != DeviceKind::cpu)
+    throw Error(fmt::format("{}: {} is not on the CPU; the MPI backend moves CPU tensors (NCCL: CUDA tensors)", op,
+                            what(t)));
+  DType d = t.dtype();
+  if (d != DType::f32 && d != DType::f64 && (need_float || d != DType::i64))
+    throw Error(fmt::format("{}: dtype of {} not supported (f32, f64{})", op, what(t), need_float ? "" : ", i64"));
+}
+
+void divide(Tensor& t, double by) {
+  if (t.dtype() == DType::f32) {
+    auto* p = t.data<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(p[i] / by);
+  } else {
+    auto* p = t.data<double>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] /= by;
+  }
+}
+
+#if AD_HAVE_MPI
+std::string mpi_error(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+#define AD_MPI_CHECK(call, op)                                                                                  \
+  do {                                                                                                          \
+    int rc_ = (call);                                                                                           \
+    if (rc_ != MPI_SUCCESS)                                                                                     \
+      throw ::ad::Error(fmt::format("{}: {} failed ({}:{}): {}", op, #call, __FILE__, __LINE__, mpi_error(rc_))); \
+  } while (0)
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    default: return MPI_INT64_T;
+  }
+}
+
+// Polls `req` until it completes; ad::Error after the timeout.
+void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, const std::string& detail) {
+  auto t0 = std::chrono::steady_clock::now();
+  int spins = 0;
+  for (;;) {
+    int done = 0;
+    AD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op);
+    if (done) return;
+    if (c.options.timeout.count() > 0 && std::chrono::steady_clock::now() - t0 > c.options.timeout)
+      throw Error(fmt::format("{}: no progress for {} ms on rank {} of {} ({}): a rank died, hangs or stopped "
+                              "calling collectives (dist::Options::timeout); end the job with Communicator::abort()",
+                              op, c.options.timeout.count(), c.rank, c.size, detail));
+    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else std::this_thread::yield();
+  }
+}
+
+// Every rank must pass the same element count and dtype: one small
+// all-reduce of (n, -n, dtype, -dtype) with MAX finds a rank that differs.
+void check_same(const Communicator::Impl& c, const char* op, std::int64_t n, DType d, const std::string& mine) {
+  std::int64_t v[4] = {n, -n, static_cast<std::int64_t>(d), -static_cast<std::int64_t>(d)};
+  MPI_Request req;
+  AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 4, MPI_INT64_T, MPI_MAX, c.comm, &req), op);
+  wait_for(c, req, op, mine);
+  if (v[0] != -v[1] || v[2] != -v[3])
+    throw Error(fmt::format("{}: ranks disagree on the tensor: rank {} has {} ({} elements) but another rank has {} "
+                            "elements of dtype {}",
+                            op, c.rank, mine, n, v[0] == n ? -v[1] : v[0],
+                            dtype_name(static_cast<DType>(v[2] == static_cast<std::int64_t>(d) ? -v[3] : v[2]))));
+}
+
+// Process-wide MPI state: initialised once, finalised at exit (MPI allows one
+// init per process; this is the one global the library keeps, by necessity).
+struct MpiEnv {
+  bool mine = false;
+  ~MpiEnv() {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (mine && !fin) MPI_Finalize();
+  }
+};
+MpiEnv& mpi_env() {
+  static MpiEnv env;
+  return env;
+}
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+#endif
+
+}  // namespace
+
+Communicator Communicator::local() {
+  auto impl = std::make_shared<Impl>();
+  return Communicator(impl);
+}
+
+Communicator Communicator::from_env(Options options) {
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+#if AD_HAVE_MPI
+  if (!launched_by_mpi()) return Communicator(impl);
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    AD_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "dist::Communicator::from_env");
+    mpi_env().mine = true;
+  }
+  AD_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm), "dist::Communicator::from_env");
+  AD_MPI_CHECK(MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN), "dist::Communicator::from_env");
+  MPI_Comm_rank(impl->comm, &impl->rank);
+  MPI_Comm_size(impl->comm, &impl->size);
+  impl->mpi = true;
+#endif
+  return Communicator(impl);
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::size() const { return impl_->size; }
+const char* Communicator::backend() const { return impl_->mpi ? "mpi" : "local"; }
+const Options& Communicator::options() const { return impl_->options; }
+std::int64_t Communicator::bytes_communicated() const { return impl_->bytes; }
+
+void Communicator::abort(int code) const {
+#if AD_HAVE_MPI
+  if (impl_->mpi) MPI_Abort(impl_->comm, code);
+#endif
+  std::_Exit(code);
+}
+
+struct Communicator::Work::Impl {
+  const Communicator::Impl* c = nullptr;
+  Tensor t;
+  ReduceOp op = ReduceOp::sum;
+  bool done = true;
+#if AD_HAVE_MPI
+  MPI_Request req = MPI_REQUEST_NULL;
+#endif
+  void finish() {
+    done = true;
+    if (op == ReduceOp::mean && c->size > 1) divide(t, c->size);
+  }
+};
+Communicator::Work::Work() = default;
+Communicator::Work::Work(Work&&) noexcept = default;
+Communicator::Work& Communicator::Work::operator=(Work&&) noexcept = default;
+Communicator::Work::~Work() = default;
+
+void Communicator::Work::wait() {
+  if (!impl_ || impl_->done) return;
+#if AD_HAVE_MPI
+  wait_for(*impl_->c, impl_->req, "all_reduce", what(impl_->t));
+#endif
+  impl_->finish();
+}
+bool Communicator::Work::test() {
+  if (!impl_ || impl_->done) return true;
+#if AD_HAVE_MPI
+  int flag = 0;
+  AD_MPI_CHECK(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "all_reduce");
+  if (!flag) return false;
+#endif
+  impl_->finish();
+  return true;
+}
+
+Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const {
+  check_tensor("all_reduce", t, op == ReduceOp::mean);
+  Work w;
+  w.impl_ = std::make_unique<Work::Impl>();
+  w.impl_->c = impl_.get();
+  w.impl_->t = t;
+  w.impl_->op = op;
+  w.impl_->done = false;
+#if AD_HAVE_MPI
+  if (impl_->mpi) {
+    check_same(*impl_, "all_reduce", t.numel(), t.dtype(), what(t));
+    AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), MPI_SUM,
+                                impl_->comm, &w.impl_->req),
+                 "all_reduce");
+    impl_->bytes += static_cast<std::int64_t>(t.nbytes());
+    return w;
+  }
+#endif
+  w.impl_->finish();
+  return w;
+}
+
+void Communicator::all_reduce(Tensor& t, ReduceOp op) const { all_reduce_async(t, op).wait(); }
+
+void Communicator::broadcast(Tensor& t, int root) const {
+  check_tensor("broadcast", t, false);
+  if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
+#if AD_HAVE_MPI
+  if (!impl_->mpi) return;
+  check_same(*impl_, "broadcast", t.numel(), t.dtype(), what(t));
+  MPI_Request req;
+  AD_MPI_CHECK(MPI_Ibcast(t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, impl_->comm, &req),
+               "broadcast");
+  impl_->bytes += static_cast<std::int64_t>(t.nbytes());
+  wait_for(*impl_, req, "broadcast", what(t));
+#endif
+}
+
+void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) const {
+  check_tensor("reduce_scatter", in, op == ReduceOp::mean);
+  check_tensor("reduce_scatter", out, op == ReduceOp::mean);
+  if (in.dtype() != out.dtype() || in.numel() != out.numel() * size())
+    throw Error(fmt::format("reduce_scatter: in {} must hold world size ({}) x out {} elements of one dtype", what(in),
+                            size(), what(out)));
+#if AD_HAVE_MPI
+  if (impl_->mpi) {
+    check_same(*impl_, "reduce_scatter", in.numel(), in.dtype(), what(in));
+    MPI_Request req;
+    AD_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
+                                           MPI_SUM, impl_->comm, &req),
+                 "reduce_scatter");
+    impl_->bytes += static_cast<std::int64_t>(in.nbytes());
+    wait_for(*impl_, req, "reduce_scatter", what(in));
+    if (op == ReduceOp::mean) divide(out, size());
+    return;
+  }
+#endif
+  if (out.raw() != in.raw()) std::memcpy(out.raw(), in.raw(), in.nbytes());
+}
+
+void Communicator::all_gather(const Tensor& in, Tensor& out) const {
+  check_tensor("all_gather", in, false);
+  check_tensor("all_gather", out, false);
+  if (in.dtype() != out.dtype() || out.numel() != in.numel() * size())
+    throw Error(fmt::format("all_gather: out {} must hold world size ({}) x in {} elements of one dtype", what(out),
+                            size(), what(in)));
+#if AD_HAVE_MPI
+  if (impl_->mpi) {
+    check_same(*impl_, "all_gather", in.numel(), in.dtype(), what(in));
+    MPI_Request req;
+    AD_MPI_CHECK(MPI_Iallgather(in.raw(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw(),
+                                static_cast<int>(in.numel()), mpi_type(in.dtype()), impl_->comm, &req),
+                 "all_gather");
+    impl_->bytes += static_cast<std::int64_t>(out.nbytes());
+    wait_for(*impl_, req, "all_gather", what(in));
+    return;
+  }
+#endif
+  if (out.raw() != in.raw()) std::memcpy(out.raw(), in.raw(), in.nbytes());
+}
+
+void Communicator::barrier() const {
+#if AD_HAVE_MPI
+  if (!impl_->mpi) return;
+  MPI_Request req;
+  AD_MPI_CHECK(MPI_Ibarrier(impl_->comm, &req), "barrier");
+  wait_for(*impl_, req, "barrier", "no data");
+#endif
+}
+
+}  // namespace ad::dist

@@ -1,0 +1,148 @@
+// DataParallel: parameters broadcast from rank 0, gradients averaged over
+// ranks in buckets whose all-reduces start while backward still runs.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "ad/autodiff.hpp"
+#include "ad/dist.hpp"
+#include "core/graph_impl.hpp"
+
+namespace ad::dist {
+
+DataParallel::DataParallel(Communicator comm, std::vector<Parameter> params, std::int64_t bucket_bytes)
+    : comm_(std::move(comm)), params_(std::move(params)) {
+  if (params_.empty()) throw Error("DataParallel: no parameters");
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!params_[i].defined()) throw Error(fmt::format("DataParallel: parameter {} is undefined", i));
+  for (auto& p : params_) comm_.broadcast(p.value(), 0);
+  build_buckets(bucket_bytes);
+}
+
+// Backward produces gradients roughly last parameter first, so buckets are
+// filled from the end of the list; a bucket holds one dtype.
+void DataParallel::build_buckets(std::int64_t bucket_bytes) {
+  Bucket cur;
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const Parameter& p = params_[k];
+    std::int64_t b = static_cast<std::int64_t>(p.value().nbytes());
+    if (!cur.members.empty() &&
+        (p.dtype() != cur.dtype ||
+         (cur.elems * static_cast<std::int64_t>(dtype_size(cur.dtype)) + b > bucket_bytes))) {
+      buckets_.push_back(std::move(cur));
+      cur = Bucket{};
+    }
+    cur.dtype = p.dtype();
+    cur.members.push_back(k);
+    cur.elems += p.value().numel();
+  }
+  if (!cur.members.empty()) buckets_.push_back(std::move(cur));
+}
+
+namespace {
+struct InFlight {
+  Tensor flat;
+  Communicator::Work work;
+  bool started = false;
+};
+}  // namespace
+
+Report DataParallel::backward(const Var& loss, const Policy& policy) {
+  if (!loss.defined()) throw Error("DataParallel::backward: undefined loss");
+  GraphImpl& g = *loss.graph();
+  std::vector<std::size_t> bucket_of(params_.size()), pending(buckets_.size());
+  std::vector<InFlight> fl(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    pending[b] = buckets_[b].members.size();
+    for (auto m : buckets_[b].members) bucket_of[m] = b;
+  }
+  std::size_t next = 0;  // buckets start in index order on every rank
+  auto start = [&](std::size_t b) {
+    const Bucket& bk = buckets_[b];
+    fl[b].flat = Tensor::empty({bk.elems}, bk.dtype);
+    auto* dst = static_cast<char*>(fl[b].flat.raw());
+    for (auto m : bk.members) {
+      const Tensor& gr = params_[m].grad();
+      std::size_t n = params_[m].value().nbytes();
+      if (gr.defined()) std::memcpy(dst, gr.raw(), n);
+      else std::memset(dst, 0, n);
+      dst += n;
+    }
+    fl[b].work = comm_.all_reduce_async(fl[b].flat, ReduceOp::mean);
+    fl[b].started = true;
+  };
+  auto launch_ready = [&] {
+    while (next < buckets_.size() && pending[next] == 0) start(next++);
+    for (auto& f : fl)
+      if (f.started) f.work.test();  // let MPI progress the ones in flight
+  };
+  // which parameter a ready gradient belongs to
+  std::vector<std::pair<const ParamState*, std::size_t>> index;
+  for (std::size_t i = 0; i < params_.size(); ++i) index.emplace_back(params_[i].state(), i);
+  std::sort(index.begin(), index.end());
+  g.on_grad_ready = [&](const Parameter& p) {
+    auto it = std::lower_bound(index.begin(), index.end(), std::make_pair(static_cast<const ParamState*>(p.state()),
+                                                                          std::size_t{0}));
+    if (it == index.end() || it->first != p.state()) return;  // not one of ours
+    auto b = bucket_of[it->second];
+    if (pending[b] > 0) --pending[b];
+    launch_ready();
+  };
+  Report r;
+  try {
+    r = ad::backward(loss, policy);
+  } catch (...) {
+    g.on_grad_ready = nullptr;
+    throw;
+  }
+  g.on_grad_ready = nullptr;
+  // buckets whose parameters got no gradient from this loss still take part
+  for (std::size_t b = next; b < buckets_.size(); ++b) start(b);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    fl[b].work.wait();
+    const auto* src = static_cast<const char*>(fl[b].flat.raw());
+    for (auto m : buckets_[b].members) {
+      ParamState& s = *params_[m].state();
+      std::size_t n = s.value.nbytes();
+      if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype());
+      std::memcpy(s.grad.raw(), src, n);
+      src += n;
+    }
+  }
+  return r;
+}
+
+void DataParallel::all_reduce_gradients() {
+  for (auto& p : params_) {
+    ParamState& s = *p.state();
+    if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype());
+    comm_.all_reduce(s.grad, ReduceOp::mean);
+  }
+}
+
+std::vector<std::int64_t> shard_indices(std::int64_t n, int rank, int world, std::uint64_t seed, std::int64_t epoch,
+                                        bool shuffle) {
+  if (n < 0 || world < 1 || rank < 0 || rank >= world)
+    throw Error(fmt::format("shard_indices: rank {} of world {} over {} examples", rank, world, n));
+  std::vector<std::int64_t> perm(static_cast<std::size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffle && n > 1) {
+    // Fisher-Yates driven by Philox (seed, epoch): the same on every rank
+    Rng rng(seed ^ (0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(epoch + 1)));
+    Tensor u = Tensor::uniform({n}, rng, DType::f64, 0, 1);
+    const double* r = u.data<double>();
+    for (std::int64_t i = n - 1; i > 0; --i) {
+      auto j = std::min<std::int64_t>(i, static_cast<std::int64_t>(r[i] * static_cast<double>(i + 1)));
+      std::swap(perm[static_cast<std::size_t>(i)], perm[static_cast<std::size_t>(j)]);
+    }
+  }
+  std::int64_t per = n / world;
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(per));
+  for (std::int64_t k = 0; k < per; ++k) out.push_back(perm[static_cast<std::size_t>(k * world + rank)]);
+  return out;
+}
+
+}  // namespace ad::dist

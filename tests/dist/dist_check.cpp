@@ -1,0 +1,238 @@
+// Runs under mpirun (see run.sh): checks ad::dist's collectives, data-parallel
+// training against single-process training on the global batch, and that a
+// dead rank turns into an ad::Error on the others. Prints one line per check
+// and exits non-zero on the first failure.
+#include <ad/ad.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+void check(bool ok, const std::string& what, const ad::dist::Communicator& c) {
+  if (!ok) {
+    fmt::print("rank {}: FAIL {}\n", c.rank(), what);
+    ++failures;
+  }
+}
+
+// ---- collectives: values every rank can predict ----
+void collectives(const ad::dist::Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  for (ad::DType dt : {ad::DType::f32, ad::DType::f64}) {
+    ad::Tensor t = ad::Tensor::empty({5}, dt);
+    for (int i = 0; i < 5; ++i)
+      dt == ad::DType::f32 ? void(t.data<float>()[i] = static_cast<float>(r * 10 + i))
+                           : void(t.data<double>()[i] = r * 10 + i);
+    ad::Tensor m = t.clone();
+    c.all_reduce(t, ad::dist::ReduceOp::sum);
+    c.all_reduce(m, ad::dist::ReduceOp::mean);
+    for (int i = 0; i < 5; ++i) {
+      double want = 10.0 * p * (p - 1) / 2 + p * i;
+      check(t.to_vector()[static_cast<std::size_t>(i)] == want, fmt::format("all_reduce sum {}", ad::dtype_name(dt)), c);
+      check(std::abs(m.to_vector()[static_cast<std::size_t>(i)] - want / p) < 1e-5,
+            fmt::format("all_reduce mean {}", ad::dtype_name(dt)), c);
+    }
+  }
+  std::vector<std::int64_t> iv = {r, 1, -r};
+  ad::Tensor it = ad::Tensor::from(std::span<const std::int64_t>(iv), {3});
+  c.all_reduce(it);
+  check(it.to_vector() == std::vector<double>{p * (p - 1) / 2.0, 1.0 * p, -p * (p - 1) / 2.0}, "all_reduce i64", c);
+
+  int root = p - 1;
+  ad::Tensor b = ad::Tensor::full({4}, r == root ? 7.5 : -1.0, ad::DType::f64);
+  c.broadcast(b, root);
+  check(b.to_vector() == std::vector<double>(4, 7.5), "broadcast from the last rank", c);
+
+  // reduce_scatter: rank r contributes r+1 everywhere; block k of the sum is p(p+1)/2
+  ad::Tensor in = ad::Tensor::full({3 * p}, r + 1.0, ad::DType::f64), out = ad::Tensor::empty({3}, ad::DType::f64);
+  for (int k = 0; k < 3 * p; ++k) in.data<double>()[k] += k;  // block-dependent too
+  c.reduce_scatter(in, out);
+  for (int j = 0; j < 3; ++j)
+    check(out.to_vector()[static_cast<std::size_t>(j)] == p * (p + 1) / 2.0 + p * (3.0 * r + j), "reduce_scatter", c);
+
+  ad::Tensor mine = ad::Tensor::full({2}, 100.0 + r, ad::DType::f32), all = ad::Tensor::empty({2 * p}, ad::DType::f32);
+  c.all_gather(mine, all);
+  for (int k = 0; k < 2 * p; ++k) check(all.to_vector()[static_cast<std::size_t>(k)] == 100.0 + k / 2, "all_gather", c);
+  c.barrier();
+
+  // ranks disagreeing on the shape: every rank gets an ad::Error naming it
+  ad::Tensor odd = ad::Tensor::zeros({r == 0 ? 3 : 4});
+  bool threw = false;
+  try {
+    c.all_reduce(odd);
+  } catch (const ad::Error& e) {
+    threw = std::string(e.what()).find("ranks disagree") != std::string::npos;
+  }
+  check(threw || p == 1, "mismatched shapes give ad::Error", c);
+  // shape errors caught locally
+  threw = false;
+  try {
+    c.reduce_scatter(in, mine);
+  } catch (const ad::Error& e) {
+    threw = std::string(e.what()).find("reduce_scatter") != std::string::npos;
+  }
+  check(threw, "reduce_scatter shape error", c);
+  // still usable afterwards
+  ad::Tensor one = ad::Tensor::ones({1}, ad::DType::f64);
+  c.all_reduce(one);
+  check(one.item() == p, "usable after an error", c);
+  fmt::print("rank {}: collectives {}\n", r, failures ? "FAILED" : "ok");
+}
+
+// ---- data-parallel training ----
+constexpr std::int64_t kIn = 6, kHidden = 16, kOut = 3, kPerRank = 8;
+
+struct Model {
+  std::vector<ad::Parameter> p;
+  explicit Model(std::uint64_t seed) {
+    ad::Rng rng(seed);
+    p.push_back(ad::Parameter::randn({kIn, kHidden}, rng, 0.4, ad::DType::f64, "w1"));
+    p.push_back(ad::Parameter::zeros({kHidden}, ad::DType::f64, "b1"));
+    p.push_back(ad::Parameter::randn({kHidden, kHidden}, rng, 0.3, ad::DType::f64, "w2"));
+    p.push_back(ad::Parameter::randn({kHidden, kOut}, rng, 0.3, ad::DType::f64, "w3"));
+  }
+  ad::Var loss(ad::Graph& g, const ad::Tensor& x, const ad::Tensor& y) const {
+    ad::Var h = ad::tanh(ad::add(ad::matmul(g.input(x), p[0]), p[1]));
+    h = ad::tanh(ad::matmul(h, p[2]));
+    return ad::mse(ad::matmul(h, p[3]), g.input(y));
+  }
+  void sgd(double lr) const {
+    for (const auto& q : p) {
+      double* v = q.value().data<double>();
+      const double* gr = q.grad().data<double>();
+      for (std::int64_t i = 0; i < q.value().numel(); ++i) v[i] -= lr * gr[i];
+      q.zero_grad();
+    }
+  }
+};
+
+// Rows `idx` of the dataset (x: [n, kIn], y = sin(x A) [n, kOut]).
+void batch(const ad::Tensor& X, const ad::Tensor& Y, const std::vector<std::int64_t>& idx, ad::Tensor& x, ad::Tensor& y) {
+  auto n = static_cast<std::int64_t>(idx.size());
+  x = ad::Tensor::empty({n, kIn}, ad::DType::f64);
+  y = ad::Tensor::empty({n, kOut}, ad::DType::f64);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::memcpy(x.data<double>() + i * kIn, X.data<double>() + idx[static_cast<std::size_t>(i)] * kIn, kIn * 8);
+    std::memcpy(y.data<double>() + i * kOut, Y.data<double>() + idx[static_cast<std::size_t>(i)] * kOut, kOut * 8);
+  }
+}
+
+std::uint64_t hash_params(const Model& m) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& q : m.p) {
+    const auto* b = static_cast<const unsigned char*>(q.value().raw());
+    for (std::size_t i = 0; i < q.value().nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+void train(const ad::dist::Communicator& c, int steps, const std::string& policy_name) {
+  const int p = c.size(), r = c.rank();
+  const std::int64_t n = kPerRank * p * 4;  // 4 steps per epoch
+  ad::Rng drng(99);
+  ad::Tensor X = ad::Tensor::randn({n, kIn}, drng, ad::DType::f64);
+  ad::Tensor A = ad::Tensor::randn({kIn, kOut}, drng, ad::DType::f64);
+  ad::Tensor Y = ad::Tensor::empty({n, kOut}, ad::DType::f64);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t o = 0; o < kOut; ++o) {
+      double s = 0;
+      for (std::int64_t k = 0; k < kIn; ++k) s += X.data<double>()[i * kIn + k] * A.data<double>()[k * kOut + o];
+      Y.data<double>()[i * kOut + o] = std::sin(s);
+    }
+  ad::Policy pol = policy_name == "sqrt_n" ? ad::policy::sqrt_n() : ad::policy::keep_all();
+
+  Model dp_model(1000 + static_cast<std::uint64_t>(r));  // differs per rank: the broadcast must fix it
+  ad::dist::DataParallel dp(c, dp_model.p, /*bucket_bytes=*/1024);
+  Model ref(1000);  // rank 0's initial parameters
+  const std::int64_t steps_per_epoch = n / (kPerRank * p);
+  for (int s = 0; s < steps; ++s) {
+    std::int64_t epoch = s / steps_per_epoch, k = s % steps_per_epoch;
+    // this rank's shard, and the global batch = every rank's shard of this step
+    std::vector<std::int64_t> global;
+    std::vector<std::int64_t> local;
+    for (int q = 0; q < p; ++q) {
+      auto sh = ad::dist::shard_indices(n, q, p, 7, epoch);
+      std::vector<std::int64_t> part(sh.begin() + k * kPerRank, sh.begin() + (k + 1) * kPerRank);
+      global.insert(global.end(), part.begin(), part.end());
+      if (q == r) local = part;
+    }
+    ad::Tensor x, y;
+    batch(X, Y, local, x, y);
+    {
+      ad::Graph g;
+      dp.backward(dp_model.loss(g, x, y), pol);
+    }
+    dp_model.sgd(0.1);
+    batch(X, Y, global, x, y);
+    {
+      ad::Graph g;
+      ad::backward(ref.loss(g, x, y), pol);
+    }
+    ref.sgd(0.1);
+  }
+  double worst = 0;
+  for (std::size_t i = 0; i < ref.p.size(); ++i) {
+    auto a = dp_model.p[i].value().to_vector(), b = ref.p[i].value().to_vector();
+    for (std::size_t j = 0; j < a.size(); ++j)
+      worst = std::max(worst, std::abs(a[j] - b[j]) / std::max(1e-12, std::abs(b[j])));
+  }
+  check(worst <= 1e-6, fmt::format("data-parallel vs global batch: worst relative difference {:.3g}", worst), c);
+  // every rank holds the same bits
+  ad::Tensor h = ad::Tensor::full({1}, static_cast<double>(hash_params(dp_model) % (1ull << 52)), ad::DType::f64);
+  ad::Tensor hmax = h.clone();
+  c.all_reduce(hmax);
+  check(hmax.item() == h.item() * p, "parameters bit-identical across ranks", c);
+  fmt::print("rank {}: train {} steps policy {} buckets {} worst-rel {:.3g} params-hash {:016x} {}\n", r, steps,
+             policy_name, dp.buckets(), worst, hash_params(dp_model), failures ? "FAILED" : "ok");
+}
+
+// ---- a dead rank: the others fail with the timeout error, not hang ----
+void kill_one(ad::dist::Communicator& c) {
+  Model m(5);
+  ad::dist::DataParallel dp(c, m.p);
+  ad::Rng rng(3);
+  ad::Tensor x = ad::Tensor::randn({4, kIn}, rng, ad::DType::f64), y = ad::Tensor::randn({4, kOut}, rng, ad::DType::f64);
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int s = 0; s < 10; ++s) {
+      if (s == 3 && c.rank() == c.size() - 1) std::raise(SIGKILL);
+      ad::Graph g;
+      dp.backward(m.loss(g, x, y));
+      m.sgd(0.01);
+    }
+  } catch (const ad::Error& e) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print("rank {}: ad::Error after {:.1f} s: {}\n", c.rank(), secs, e.what());
+    std::fflush(stdout);
+    c.abort(3);
+  }
+  fmt::print("rank {}: FAIL no error although a rank died\n", c.rank());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "collectives";
+  try {
+    ad::dist::Options opt;
+    if (mode == "kill") opt.timeout = std::chrono::seconds(3);
+    auto c = ad::dist::Communicator::from_env(opt);
+    if (mode == "collectives") collectives(c);
+    else if (mode == "train") train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all");
+    else if (mode == "kill") kill_one(c);
+    else { fmt::print("unknown mode {}\n", mode); return 2; }
+    c.barrier();
+  } catch (const ad::Error& e) {
+    fmt::print("FAIL ad::Error: {}\n", e.what());
+    return 1;
+  }
+  return failures ? 1 : 0;
+}
