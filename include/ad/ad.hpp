@@ -8,3 +8,4 @@
 #include "ad/schedule.hpp"
 #include "ad/tensor.hpp"
 #include "ad/version.hpp"
+#include "ad/nn.hpp"
