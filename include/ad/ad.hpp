@@ -10,3 +10,4 @@
 #include "ad/tensor.hpp"
 #include "ad/trace.hpp"
 #include "ad/version.hpp"
+#include "ad/nn.hpp"

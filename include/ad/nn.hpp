@@ -1,0 +1,6 @@
+#pragma once
+// The training toolkit: modules, optimizers, learning-rate schedules,
+// safetensors files, a progress line.
+#include "ad/nn/layers.hpp"
+#include "ad/nn/module.hpp"
+#include "ad/nn/optim.hpp"

@@ -1,0 +1,154 @@
+#include "ad/nn/layers.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace ad::nn {
+
+namespace {
+void check_positive(const char* layer, const char* what, std::int64_t v) {
+  if (v <= 0) throw Error(fmt::format("{}: {} must be positive, got {}", layer, what, v));
+}
+void check_dtype(const char* layer, DType t) {
+  if (!is_compute_float(t))
+    throw Error(fmt::format("{}: parameter dtype must be f32 or f64, got {}", layer, dtype_name(t)));
+}
+}  // namespace
+
+Var activate(const Var& x, Activation a) {
+  switch (a) {
+    case Activation::none: return x;
+    case Activation::relu: return relu(x);
+    case Activation::gelu: return gelu(x);
+    case Activation::tanh: return ad::tanh(x);
+    case Activation::silu: return silu(x);
+    case Activation::sigmoid: return sigmoid(x);
+  }
+  return x;
+}
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::tanh: return "tanh";
+    case Activation::silu: return "silu";
+    case Activation::sigmoid: return "sigmoid";
+  }
+  return "?";
+}
+
+// ---- Linear ----
+// x [..., in] x W[out, in]^T + b[out] -> [..., out]
+Linear::Linear(std::int64_t in, std::int64_t out, Rng& rng, LinearOptions o) : in_features(in), out_features(out) {
+  check_positive("Linear", "in_features", in);
+  check_positive("Linear", "out_features", out);
+  check_dtype("Linear", o.dtype);
+  if (o.init_stddev > 0) {
+    weight = Parameter(Tensor::randn({out, in}, rng, o.dtype, 0.0, o.init_stddev), "weight");
+    if (o.bias) bias = Parameter(Tensor::zeros({out}, o.dtype), "bias");
+  } else {
+    double k = 1.0 / std::sqrt(static_cast<double>(in));
+    weight = Parameter(Tensor::uniform({out, in}, rng, o.dtype, -k, k), "weight");
+    if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+  }
+}
+Var Linear::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("Linear: use of a default-constructed layer");
+  Var y = matmul(x, weight, false, true);
+  return bias.defined() ? add(y, bias) : y;
+}
+void Linear::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
+}
+
+// ---- Embedding ----
+// weight [num, dim], ids [...] -> [..., dim]
+Embedding::Embedding(std::int64_t n, std::int64_t d, Rng& rng, EmbeddingOptions o) : num(n), dim(d) {
+  check_positive("Embedding", "num", n);
+  check_positive("Embedding", "dim", d);
+  check_dtype("Embedding", o.dtype);
+  weight = Parameter(Tensor::randn({n, d}, rng, o.dtype, 0.0, o.init_stddev), "weight");
+}
+Var Embedding::operator()(const Var& ids) const {
+  if (!weight.defined()) throw Error("Embedding: use of a default-constructed layer");
+  return embedding(weight, ids);
+}
+void Embedding::visit(Visitor& v) const { v.parameter("weight", weight); }
+
+// ---- LayerNorm ----
+LayerNorm::LayerNorm(std::int64_t d, double e, DType dtype) : dim(d), eps(e) {
+  check_positive("LayerNorm", "dim", d);
+  check_dtype("LayerNorm", dtype);
+  weight = Parameter(Tensor::ones({d}, dtype), "weight");
+  bias = Parameter(Tensor::zeros({d}, dtype), "bias");
+}
+Var LayerNorm::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("LayerNorm: use of a default-constructed layer");
+  return layer_norm(x, weight, bias, eps);
+}
+void LayerNorm::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
+}
+
+// ---- RMSNorm ----
+RMSNorm::RMSNorm(std::int64_t d, double e, DType dtype) : dim(d), eps(e) {
+  check_positive("RMSNorm", "dim", d);
+  check_dtype("RMSNorm", dtype);
+  weight = Parameter(Tensor::ones({d}, dtype), "weight");
+}
+Var RMSNorm::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("RMSNorm: use of a default-constructed layer");
+  return rms_norm(x, weight, eps);
+}
+void RMSNorm::visit(Visitor& v) const { v.parameter("weight", weight); }
+
+// ---- Dropout ----
+// The stream's seed is two draws of rng, so dropout layers made from one rng
+// get distinct streams.
+Dropout::Dropout(double prob, Rng& rng) : p(prob) {
+  if (!(prob >= 0.0 && prob < 1.0)) throw Error(fmt::format("Dropout: p must be in [0, 1), got {}", prob));
+  std::uint64_t o = rng.reserve(2);
+  std::uint64_t seed = (static_cast<std::uint64_t>(philox_u32(rng.seed(), o)) << 32) | philox_u32(rng.seed(), o + 1);
+  rng_state = Tensor::zeros({2}, DType::i64);
+  rng_state.data<std::int64_t>()[0] = static_cast<std::int64_t>(seed);
+}
+Var Dropout::operator()(const Var& x) const {
+  if (!is_training() || p == 0.0) return x;
+  if (!rng_state.defined()) throw Error("Dropout: use of a default-constructed layer");
+  Tensor s = rng_state;  // shares the buffer: the offset advances for every copy
+  std::int64_t* st = s.data<std::int64_t>();
+  auto seed = static_cast<std::uint64_t>(st[0]), offset = static_cast<std::uint64_t>(st[1]);
+  Var y = dropout(x, p, seed, offset);
+  st[1] = static_cast<std::int64_t>(offset + static_cast<std::uint64_t>(x.numel()));
+  return y;
+}
+void Dropout::visit(Visitor& v) const { v.buffer("rng_state", rng_state); }
+
+// ---- MLP ----
+MLP::MLP(const std::vector<std::int64_t>& sizes, Rng& rng, MLPOptions o) : activation(o.activation) {
+  if (sizes.size() < 2) throw Error(fmt::format("MLP: needs at least two sizes (in and out), got {}", sizes.size()));
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) layers.push_back(Linear(sizes[i], sizes[i + 1], rng, o.linear));
+  if (o.dropout > 0) dropout = Dropout(o.dropout, rng);
+}
+Var MLP::operator()(const Var& x) const {
+  if (layers.empty()) throw Error("MLP: use of a default-constructed layer");
+  Var h = x;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    h = layers[i](h);
+    if (i + 1 < layers.size()) {
+      h = activate(h, activation);
+      if (dropout.p > 0) h = dropout(h);
+    }
+  }
+  return h;
+}
+void MLP::visit(Visitor& v) const {
+  v.module("layers", layers);
+  if (dropout.p > 0) v.module("dropout", dropout);
+}
+
+}  // namespace ad::nn
