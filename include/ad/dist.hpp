@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ad/graph.hpp"
+#include "ad/nn/optim.hpp"
 #include "ad/policy.hpp"
 #include "ad/schedule.hpp"
 #include "ad/tensor.hpp"
@@ -127,6 +128,53 @@ class DataParallel {
   Communicator comm_;
   std::vector<Parameter> params_;
   std::vector<Bucket> buckets_;
+};
+
+// ZeRO stage 1: the optimizer state is partitioned across ranks. All
+// parameters (one dtype, f32 or f64) are viewed as one flat vector of N
+// elements, padded to world x S with S = ceil(N / world); rank r owns
+// elements [r S, (r + 1) S) and an optimizer over just that shard (made by
+// `make_optimizer` from one parameter named "shard", so any ad::nn optimizer
+// works: Adam, AdamW, SGD with momentum). A step is:
+//   backward(loss, policy)  gradients, then reduce_scatter(mean) of the flat
+//                           gradient: each rank gets its shard's average;
+//   step()                  the shard optimizer updates the shard, then
+//                           all_gather puts the full parameters on every rank.
+// Per-rank optimizer-state bytes (state_bytes()) are the unsharded total /
+// world plus at most one element per slot of padding. state() returns the
+// full state in the unsharded optimizer's format ("step", "<name>.step",
+// "<name>.<slot>" per parameter; gathered from all ranks), and load_state()
+// takes that format and keeps this rank's part, so a run saved with one world
+// size resumes on another. Parameters hold no lower-precision copies in this
+// engine (they are f32 or f64), so there are no separate master weights.
+class Zero1 {
+ public:
+  using MakeOptimizer = std::function<std::unique_ptr<nn::Optimizer>(nn::NamedParameters shard)>;
+  // Broadcasts rank 0's parameters, then takes this rank's shard.
+  Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_optimizer);
+  Report backward(const Var& loss, const Policy& policy = policy::keep_all());
+  // Averages the gradients already accumulated into this rank's shard.
+  void reduce_gradients();
+  void step();
+  void zero_grad() const;
+
+  nn::Optimizer& optimizer() { return *opt_; }  // the shard's (learning rate, schedule)
+  std::int64_t state_bytes() const;             // this rank's optimizer state
+  std::int64_t unsharded_state_bytes() const;   // what one unsharded optimizer would hold
+  std::int64_t largest_parameter_bytes() const;
+  std::int64_t shard_elements() const { return shard_; }
+
+  nn::NamedTensors state() const;  // collective: every rank must call it
+  void load_state(const nn::NamedTensors& state);
+
+ private:
+  void gather_parameters();
+  Communicator comm_;
+  nn::NamedParameters params_;
+  DType dtype_ = DType::f32;
+  std::int64_t total_ = 0, shard_ = 0, begin_ = 0;  // N, S, r S
+  Parameter shard_param_;
+  std::unique_ptr<nn::Optimizer> opt_;
 };
 
 // Which examples of a dataset of n this rank sees in an epoch: a permutation

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -88,7 +89,7 @@ void collectives(const ad::dist::Communicator& c) {
 }
 
 // ---- data-parallel training ----
-constexpr std::int64_t kIn = 6, kHidden = 16, kOut = 3, kPerRank = 8;
+constexpr std::int64_t kIn = 6, kHidden = 16, kOut = 3;
 
 struct Model {
   std::vector<ad::Parameter> p;
@@ -134,14 +135,58 @@ std::uint64_t hash_params(const Model& m) {
   return h;
 }
 
-void train(const ad::dist::Communicator& c, int steps, const std::string& policy_name) {
+// One optimizer over a model's parameters, as the mode asks: plain SGD
+// (a loop), ad::nn::Adam, or ZeRO-1 with Adam shards.
+struct Opt {
+  std::string kind;
+  std::unique_ptr<ad::nn::Adam> adam;
+  std::unique_ptr<ad::dist::Zero1> zero;
+  std::unique_ptr<ad::dist::DataParallel> dp;
+  const Model* m = nullptr;
+  Opt(const std::string& k, const Model& model, const ad::dist::Communicator* c) : kind(k), m(&model) {
+    ad::nn::AdamOptions o;
+    o.lr = 0.01;
+    ad::nn::NamedParameters named;
+    for (const auto& q : model.p) named.emplace_back(q.name(), q);
+    if (kind == "zero") {
+      zero = std::make_unique<ad::dist::Zero1>(*c, named, [o](ad::nn::NamedParameters shard) {
+        return std::make_unique<ad::nn::Adam>(std::move(shard), o);
+      });
+      return;
+    }
+    if (c) dp = std::make_unique<ad::dist::DataParallel>(*c, model.p, /*bucket_bytes=*/1024);
+    if (kind == "adam") adam = std::make_unique<ad::nn::Adam>(named, o);
+  }
+  void backward(const ad::Var& loss, const ad::Policy& pol) {
+    if (zero) zero->backward(loss, pol);
+    else if (dp) dp->backward(loss, pol);
+    else ad::backward(loss, pol);
+  }
+  void step() {
+    if (zero) {
+      zero->step();
+      zero->zero_grad();
+    } else if (adam) {
+      adam->step();
+      adam->zero_grad();
+    } else {
+      m->sgd(0.1);
+    }
+  }
+};
+
+// Training on a fixed global batch of kGlobal rows per step: rank r of p
+// takes kGlobal / p of them (ad::dist::shard_indices), so the global batch of
+// every step, and the single-process reference, do not depend on p.
+constexpr std::int64_t kGlobal = 16, kRows = kGlobal * 4;
+
+void train(const ad::dist::Communicator& c, int steps, const std::string& policy_name, const std::string& opt_kind) {
   const int p = c.size(), r = c.rank();
-  const std::int64_t n = kPerRank * p * 4;  // 4 steps per epoch
   ad::Rng drng(99);
-  ad::Tensor X = ad::Tensor::randn({n, kIn}, drng, ad::DType::f64);
+  ad::Tensor X = ad::Tensor::randn({kRows, kIn}, drng, ad::DType::f64);
   ad::Tensor A = ad::Tensor::randn({kIn, kOut}, drng, ad::DType::f64);
-  ad::Tensor Y = ad::Tensor::empty({n, kOut}, ad::DType::f64);
-  for (std::int64_t i = 0; i < n; ++i)
+  ad::Tensor Y = ad::Tensor::empty({kRows, kOut}, ad::DType::f64);
+  for (std::int64_t i = 0; i < kRows; ++i)
     for (std::int64_t o = 0; o < kOut; ++o) {
       double s = 0;
       for (std::int64_t k = 0; k < kIn; ++k) s += X.data<double>()[i * kIn + k] * A.data<double>()[k * kOut + o];
@@ -149,18 +194,17 @@ void train(const ad::dist::Communicator& c, int steps, const std::string& policy
     }
   ad::Policy pol = policy_name == "sqrt_n" ? ad::policy::sqrt_n() : ad::policy::keep_all();
 
-  Model dp_model(1000 + static_cast<std::uint64_t>(r));  // differs per rank: the broadcast must fix it
-  ad::dist::DataParallel dp(c, dp_model.p, /*bucket_bytes=*/1024);
+  Model dist_model(1000 + static_cast<std::uint64_t>(r));  // differs per rank: the broadcast must fix it
+  Opt dist_opt(opt_kind, dist_model, &c);
   Model ref(1000);  // rank 0's initial parameters
-  const std::int64_t steps_per_epoch = n / (kPerRank * p);
+  Opt ref_opt(opt_kind == "zero" ? "adam" : opt_kind, ref, nullptr);
+  const std::int64_t per = kGlobal / p, steps_per_epoch = kRows / kGlobal;
   for (int s = 0; s < steps; ++s) {
     std::int64_t epoch = s / steps_per_epoch, k = s % steps_per_epoch;
-    // this rank's shard, and the global batch = every rank's shard of this step
-    std::vector<std::int64_t> global;
-    std::vector<std::int64_t> local;
+    std::vector<std::int64_t> global, local;
     for (int q = 0; q < p; ++q) {
-      auto sh = ad::dist::shard_indices(n, q, p, 7, epoch);
-      std::vector<std::int64_t> part(sh.begin() + k * kPerRank, sh.begin() + (k + 1) * kPerRank);
+      auto sh = ad::dist::shard_indices(kRows, q, p, 7, epoch);
+      std::vector<std::int64_t> part(sh.begin() + k * per, sh.begin() + (k + 1) * per);
       global.insert(global.end(), part.begin(), part.end());
       if (q == r) local = part;
     }
@@ -168,30 +212,37 @@ void train(const ad::dist::Communicator& c, int steps, const std::string& policy
     batch(X, Y, local, x, y);
     {
       ad::Graph g;
-      dp.backward(dp_model.loss(g, x, y), pol);
+      dist_opt.backward(dist_model.loss(g, x, y), pol);
     }
-    dp_model.sgd(0.1);
+    dist_opt.step();
     batch(X, Y, global, x, y);
     {
       ad::Graph g;
-      ad::backward(ref.loss(g, x, y), pol);
+      ref_opt.backward(ref.loss(g, x, y), pol);
     }
-    ref.sgd(0.1);
+    ref_opt.step();
   }
   double worst = 0;
   for (std::size_t i = 0; i < ref.p.size(); ++i) {
-    auto a = dp_model.p[i].value().to_vector(), b = ref.p[i].value().to_vector();
+    auto a = dist_model.p[i].value().to_vector(), b = ref.p[i].value().to_vector();
     for (std::size_t j = 0; j < a.size(); ++j)
       worst = std::max(worst, std::abs(a[j] - b[j]) / std::max(1e-12, std::abs(b[j])));
   }
-  check(worst <= 1e-6, fmt::format("data-parallel vs global batch: worst relative difference {:.3g}", worst), c);
-  // every rank holds the same bits
-  ad::Tensor h = ad::Tensor::full({1}, static_cast<double>(hash_params(dp_model) % (1ull << 52)), ad::DType::f64);
-  ad::Tensor hmax = h.clone();
-  c.all_reduce(hmax);
-  check(hmax.item() == h.item() * p, "parameters bit-identical across ranks", c);
-  fmt::print("rank {}: train {} steps policy {} buckets {} worst-rel {:.3g} params-hash {:016x} {}\n", r, steps,
-             policy_name, dp.buckets(), worst, hash_params(dp_model), failures ? "FAILED" : "ok");
+  check(worst <= 1e-6, fmt::format("distributed vs global batch: worst relative difference {:.3g}", worst), c);
+  ad::Tensor h = ad::Tensor::full({1}, static_cast<double>(hash_params(dist_model) % (1ull << 52)), ad::DType::f64);
+  ad::Tensor hsum = h.clone();
+  c.all_reduce(hsum);
+  check(hsum.item() == h.item() * p, "parameters bit-identical across ranks", c);
+  std::string extra;
+  if (dist_opt.zero) {
+    const auto& z = *dist_opt.zero;
+    std::int64_t bound = z.unsharded_state_bytes() / p + z.largest_parameter_bytes();
+    check(z.state_bytes() <= bound, fmt::format("ZeRO-1 state {} B > bound {} B", z.state_bytes(), bound), c);
+    extra = fmt::format(" zero-state {} B of {} B unsharded (bound {} B)", z.state_bytes(), z.unsharded_state_bytes(),
+                        bound);
+  }
+  fmt::print("rank {}: train {} steps policy {} optimizer {} worst-rel {:.3g}{} params-hash {:016x} {}\n", r, steps,
+             policy_name, opt_kind, worst, extra, hash_params(dist_model), failures ? "FAILED" : "ok");
 }
 
 // ---- a dead rank: the others fail with the timeout error, not hang ----
@@ -226,7 +277,8 @@ int main(int argc, char** argv) {
     if (mode == "kill") opt.timeout = std::chrono::seconds(3);
     auto c = ad::dist::Communicator::from_env(opt);
     if (mode == "collectives") collectives(c);
-    else if (mode == "train") train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all");
+    else if (mode == "train")
+      train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all", argc > 4 ? argv[4] : "sgd");
     else if (mode == "kill") kill_one(c);
     else { fmt::print("unknown mode {}\n", mode); return 2; }
     c.barrier();
