@@ -1,6 +1,7 @@
 #pragma once
 // ad — a C++ autodiff engine with built-in rematerialisation. One include.
 #include "ad/autodiff.hpp"
+#include "ad/cuda.hpp"
 #include "ad/dist.hpp"
 #include "ad/error.hpp"
 #include "ad/format.hpp"

@@ -8,7 +8,10 @@
 
 namespace ad {
 
-// Allocates tensor memory on one device and counts it to the byte.
+// Allocates tensor memory and counts it to the byte. An allocator has a home
+// device (where allocate(bytes) puts memory) but can place blocks on any
+// device; a graph's allocator counts its values on every device together,
+// which is what a plan's predicted peak describes.
 // live_bytes() is the sum of the requested sizes of the blocks currently
 // allocated; peak_bytes() the maximum live_bytes() reached since construction
 // or the last reset_peak(). Counting uses requested sizes (not rounded-up
@@ -22,8 +25,12 @@ class Allocator {
 
   // Returns 64-byte-aligned memory for `bytes` bytes (a zero-byte request
   // returns a valid, unique pointer). Throws ad::Error when out of memory.
-  void* allocate(std::size_t bytes);
-  void deallocate(void* p, std::size_t bytes) noexcept;
+  void* allocate(std::size_t bytes) { return allocate(bytes, device_); }
+  void deallocate(void* p, std::size_t bytes) noexcept { deallocate(p, bytes, device_); }
+  // On device `d` (CUDA memory comes from that device's caching allocator).
+  // Throws ad::Error when the device is out of memory or unavailable.
+  void* allocate(std::size_t bytes, Device d);
+  void deallocate(void* p, std::size_t bytes, Device d) noexcept;
 
   Device device() const { return device_; }
   std::int64_t live_bytes() const { return live_.load(std::memory_order_relaxed); }

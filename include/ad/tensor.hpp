@@ -15,19 +15,21 @@ namespace ad {
 // A block of device memory, freed through the allocator that made it.
 class Storage {
  public:
-  Storage(std::shared_ptr<Allocator> alloc, std::size_t bytes)
-      : alloc_(std::move(alloc)), bytes_(bytes), data_(alloc_->allocate(bytes)) {}
-  ~Storage() { alloc_->deallocate(data_, bytes_); }
+  Storage(std::shared_ptr<Allocator> alloc, std::size_t bytes) : Storage(alloc, bytes, alloc->device()) {}
+  Storage(std::shared_ptr<Allocator> alloc, std::size_t bytes, Device device)
+      : alloc_(std::move(alloc)), bytes_(bytes), device_(device), data_(alloc_->allocate(bytes, device)) {}
+  ~Storage() { alloc_->deallocate(data_, bytes_, device_); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  Device device() const { return alloc_->device(); }
+  Device device() const { return device_; }
   const std::shared_ptr<Allocator>& allocator() const { return alloc_; }
 
  private:
   std::shared_ptr<Allocator> alloc_;
   std::size_t bytes_;
+  Device device_;
   void* data_;
 };
 
@@ -71,7 +73,8 @@ class Tensor {
   // Byte offset of element 0 in the storage (non-zero only for part views).
   std::size_t storage_offset() const { return offset_; }
 
-  // The value of a one-element tensor, converted to double.
+  // The value of a one-element tensor, converted to double. item, to_vector,
+  // at and fill work on any device (through a host copy for a GPU tensor).
   double item() const;
   // All values converted to double (any dtype).
   std::vector<double> to_vector() const;
@@ -84,8 +87,12 @@ class Tensor {
   // tensor's flat order (how one buffer carries several outputs of an op).
   Tensor view(std::int64_t offset, const Shape& shape) const;
   Tensor clone(std::shared_ptr<Allocator> alloc = nullptr) const;
-  // Converted copy (f32/f64/f16/bf16/i64 in any direction).
+  // Converted copy (f32/f64/f16/bf16/i64 in any direction), on the same device.
   Tensor to(DType dtype) const;
+  // Copy on another device (a CPU tensor to Device::cuda(i) and back).
+  // Throws ad::Error if the device cannot be used (see ad::cuda::require).
+  Tensor to(Device device) const;
+  bool is_cuda() const { return device().kind == DeviceKind::cuda; }
   void fill(double value);
   // Copies values from `src` (same shape; converted if dtypes differ).
   void copy_from(const Tensor& src);

@@ -6,18 +6,12 @@
 #include <mutex>
 
 #include "ad/error.hpp"
+#include "core/device.hpp"
 
 namespace ad {
 
-void* Allocator::allocate(std::size_t bytes) {
-  if (device_.kind != DeviceKind::cpu)
-    throw Error(fmt::format("Allocator: device kind {} is not available in this build",
-                            static_cast<int>(device_.kind)));
-  // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it.
-  std::size_t rounded = (bytes + 63) / 64 * 64;
-  if (rounded == 0) rounded = 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error(fmt::format("Allocator: out of host memory allocating {} bytes ({} live)", bytes, live_bytes()));
+void* Allocator::allocate(std::size_t bytes, Device d) {
+  void* p = device::allocate(d, bytes);
   auto b = static_cast<std::int64_t>(bytes);
   std::int64_t now = live_.fetch_add(b, std::memory_order_relaxed) + b;
   std::int64_t pk = peak_.load(std::memory_order_relaxed);
@@ -27,8 +21,8 @@ void* Allocator::allocate(std::size_t bytes) {
   return p;
 }
 
-void Allocator::deallocate(void* p, std::size_t bytes) noexcept {
-  std::free(p);
+void Allocator::deallocate(void* p, std::size_t bytes, Device d) noexcept {
+  device::deallocate(d, p, bytes);
   live_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
 }
 
@@ -39,10 +33,18 @@ std::int64_t Allocator::reset_peak() {
 }
 
 std::shared_ptr<Allocator> default_allocator(Device device) {
-  if (device.kind != DeviceKind::cpu) throw Error("default_allocator: only the CPU device is available in this build");
-  // The host heap is process-wide; so is its counter.
+  // The host heap and each GPU's memory are process-wide; so are their counters.
   static const std::shared_ptr<Allocator> cpu = std::make_shared<Allocator>(Device::cpu());
-  return cpu;
+  if (device.kind == DeviceKind::cpu) return cpu;
+  constexpr int kMaxGpus = 64;
+  if (device.index < 0 || device.index >= kMaxGpus)
+    throw Error(fmt::format("default_allocator: no device cuda:{}", device.index));
+  static std::shared_ptr<Allocator> gpus[kMaxGpus];
+  static std::mutex m;
+  std::lock_guard<std::mutex> lock(m);
+  auto& a = gpus[device.index];
+  if (!a) a = std::make_shared<Allocator>(device);
+  return a;
 }
 
 }  // namespace ad

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/graph_impl.hpp"
+#include "core/device.hpp"
 #include "core/kernels.hpp"
 #include "ad/trace.hpp"
 
@@ -23,7 +24,8 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
     s.grad = v.clone(default_allocator(v.device()));
     return;
   }
-  kernels::add_into(s.grad, v);
+  if (v.is_cuda()) cuda_rt::add_into(s.grad, v);
+  else kernels::add_into(s.grad, v);
 }
 
 // Runs one schedule. With a budget (Schedule::budget_bytes > 0) it also
@@ -139,9 +141,11 @@ class Runner {
       throw Error(fmt::format("execute: {}#{} needs input {}#{} which holds no value (bad schedule)", def.name, id,
                               op_def(g_.node(in).op).name, in));
     }
-    if (nd.meta.device.kind != DeviceKind::cpu)
-      throw Error(fmt::format("{}: no kernel for device kind {} in this build", def.name,
-                              static_cast<int>(nd.meta.device.kind)));
+    const bool on_gpu = nd.meta.device.kind == DeviceKind::cuda;
+    void (*kernel)(const KernelArgs&) = on_gpu ? def.cuda : def.cpu;
+    if (!kernel)
+      throw Error(fmt::format("{}: no CUDA kernel for this op yet ({}#{} on {})", def.name, describe(nd.meta), id,
+                              device::name(nd.meta.device)));
     std::int64_t ws_bytes = 0;
     if (def.workspace) {
       metas_.clear();
@@ -154,10 +158,10 @@ class Runner {
     Tensor out;
     if (!def.view) {
       out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
-      if (g_.poison_outputs && out.nbytes()) std::memset(out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
+      if (g_.poison_outputs) device::memset(nd.meta.device, out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
     }
     std::unique_ptr<Storage> ws;  // counted by the graph's allocator, freed after the kernel
-    if (ws_bytes > 0) ws = std::make_unique<Storage>(g_.alloc, static_cast<std::size_t>(ws_bytes));
+    if (ws_bytes > 0) ws = std::make_unique<Storage>(g_.alloc, static_cast<std::size_t>(ws_bytes), nd.meta.device);
     KernelArgs a{ins_, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
     double t0 = 0;
     if (trace_) {
@@ -166,7 +170,7 @@ class Runner {
       mark_live();
       t0 = trace_->now_us();
     }
-    def.cpu(a);
+    kernel(a);
     nd.value = std::move(out);
     if (trace_) {
       span(nd.last_run_computes > 0 ? TraceEvent::Kind::recompute : TraceEvent::Kind::compute, id, t0, def.name);

@@ -17,7 +17,10 @@ static_assert(sizeof(kOpTable) / sizeof(kOpTable[0]) == static_cast<std::size_t>
 const OpDef& op_def(OpId op) { return *kOpTable[static_cast<std::size_t>(op)]; }
 const char* op_name(OpId op) { return op_def(op).name; }
 
-std::string describe(const Meta& m) { return fmt::format("{}{}", dtype_name(m.dtype), m.shape.str()); }
+std::string describe(const Meta& m) {
+  if (m.device.kind == DeviceKind::cpu) return fmt::format("{}{}", dtype_name(m.dtype), m.shape.str());
+  return fmt::format("{}{}@cuda:{}", dtype_name(m.dtype), m.shape.str(), m.device.index);
+}
 
 // ---- Parameter ----
 Parameter::Parameter(Tensor value, std::string name) : s_(std::make_shared<ParamState>()) {

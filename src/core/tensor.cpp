@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.hpp"
+
 namespace ad {
 
 namespace {
@@ -40,7 +42,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, std::shared
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(std::move(alloc), static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
+  t.storage_ =
+      std::make_shared<Storage>(std::move(alloc), static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), device);
   return t;
 }
 Tensor Tensor::zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }
@@ -110,11 +113,13 @@ void Tensor::check_type(DType t) const {
 
 double Tensor::item() const {
   if (!defined()) throw Error("Tensor::item: undefined tensor");
+  if (is_cuda()) return to(Device::cpu()).item();
   if (numel() != 1) throw Error(fmt::format("Tensor::item: tensor {} has {} elements, not 1", shape_.str(), numel()));
   return load(dtype_, raw(), 0);
 }
 std::vector<double> Tensor::to_vector() const {
   if (!defined()) throw Error("Tensor::to_vector: undefined tensor");
+  if (is_cuda()) return to(Device::cpu()).to_vector();
   std::vector<double> v(static_cast<std::size_t>(numel()));
   for (std::int64_t i = 0; i < numel(); ++i) v[static_cast<std::size_t>(i)] = load(dtype_, raw(), i);
   return v;
@@ -129,6 +134,14 @@ double Tensor::at(std::initializer_list<std::int64_t> index) const {
     if (i < 0 || i >= shape_[d]) throw Error(fmt::format("Tensor::at: index {} out of range for dim {} of {}", i, d, shape_.str()));
     flat = flat * shape_[d] + i;
     ++d;
+  }
+  if (is_cuda()) {
+    double v = 0;
+    Tensor one = empty({}, dtype_);
+    device::copy(one.raw(), Device::cpu(), static_cast<const char*>(raw()) + flat * static_cast<std::int64_t>(dtype_size(dtype_)),
+                 device(), dtype_size(dtype_));
+    v = one.item();
+    return v;
   }
   return load(dtype_, raw(), flat);
 }
@@ -154,18 +167,30 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
 Tensor Tensor::clone(std::shared_ptr<Allocator> alloc) const {
   if (!defined()) return {};
   Tensor t = empty(shape_, dtype_, device(), std::move(alloc));
-  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  device::copy(t.raw(), t.device(), raw(), device(), nbytes());
+  return t;
+}
+Tensor Tensor::to(Device d) const {
+  if (!defined()) throw Error("Tensor::to: undefined tensor");
+  Tensor t = empty(shape_, dtype_, d);
+  device::copy(t.raw(), d, raw(), device(), nbytes());
   return t;
 }
 Tensor Tensor::to(DType dtype) const {
   if (!defined()) throw Error("Tensor::to: undefined tensor");
   if (dtype == dtype_) return clone();
-  Tensor t = empty(shape_, dtype);
+  Tensor t = empty(shape_, dtype, device());
   t.copy_from(*this);
   return t;
 }
 void Tensor::fill(double value) {
   if (!defined()) throw Error("Tensor::fill: undefined tensor");
+  if (is_cuda()) {
+    Tensor h = empty(shape_, dtype_);
+    h.fill(value);
+    device::copy(raw(), device(), h.raw(), Device::cpu(), nbytes());
+    return;
+  }
   visit_store(dtype_, raw(), numel(), [&](std::int64_t) { return value; });
 }
 void Tensor::copy_from(const Tensor& src) {
@@ -174,16 +199,22 @@ void Tensor::copy_from(const Tensor& src) {
     throw Error(fmt::format("Tensor::copy_from: {}{} into {}{}", dtype_name(src.dtype_), src.shape_.str(),
                             dtype_name(dtype_), shape_.str()));
   if (src.dtype_ != dtype_) {
+    if (is_cuda() || src.is_cuda()) {  // convert on the host
+      Tensor h = src.to(Device::cpu()).to(dtype_);
+      device::copy(raw(), device(), h.raw(), Device::cpu(), nbytes());
+      return;
+    }
     visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return load(src.dtype_, src.raw(), i); });
     return;
   }
-  if (nbytes() && raw() != src.raw()) std::memcpy(raw(), src.raw(), nbytes());
+  if (raw() != src.raw()) device::copy(raw(), device(), src.raw(), src.device(), nbytes());
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;
   if (!a.defined()) return true;
   if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  if (a.is_cuda() || b.is_cuda()) return bitwise_equal(a.to(Device::cpu()), b.to(Device::cpu()));
   return a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 

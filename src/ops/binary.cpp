@@ -4,6 +4,7 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/pointwise.hpp"
 
 namespace ad {
 
@@ -27,7 +28,7 @@ Var unbroadcast(const Var& g, const Var& like) { return g.shape() == like.shape(
 }  // namespace
 
 // ---- add ----  d/da = d/db = 1
-void add_cpu(const KernelArgs& k) { binary(k, "add", [](auto x, auto y) { return x + y; }); }
+void add_cpu(const KernelArgs& k) { binary(k, "add", pw::Add{}); }
 void add_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(a.dout, a.in[1]);
@@ -37,7 +38,7 @@ const OpDef op_def_add{.name = "add", .args = "a,b", .arity = 2, .infer = infer_
 Var add(const Operand& a, const Operand& b) { return make_node(OpId::add, {a, b}); }
 
 // ---- sub ----  d/da = 1, d/db = -1
-void sub_cpu(const KernelArgs& k) { binary(k, "sub", [](auto x, auto y) { return x - y; }); }
+void sub_cpu(const KernelArgs& k) { binary(k, "sub", pw::Sub{}); }
 void sub_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(a.dout), a.in[1]);
@@ -47,7 +48,7 @@ const OpDef op_def_sub{.name = "sub", .args = "a,b", .arity = 2, .infer = infer_
 Var sub(const Operand& a, const Operand& b) { return make_node(OpId::sub, {a, b}); }
 
 // ---- mul ----  d/da = b, d/db = a; saves both inputs
-void mul_cpu(const KernelArgs& k) { binary(k, "mul", [](auto x, auto y) { return x * y; }); }
+void mul_cpu(const KernelArgs& k) { binary(k, "mul", pw::Mul{}); }
 void mul_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, a.in[1]), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, a.in[0]), a.in[1]);
@@ -57,7 +58,7 @@ const OpDef op_def_mul{.name = "mul", .args = "a,b", .arity = 2, .infer = infer_
 Var mul(const Operand& a, const Operand& b) { return make_node(OpId::mul, {a, b}); }
 
 // ---- div ----  y = a/b; d/da = 1/b, d/db = -y/b; saves b and output
-void div_cpu(const KernelArgs& k) { binary(k, "div", [](auto x, auto y) { return x / y; }); }
+void div_cpu(const KernelArgs& k) { binary(k, "div", pw::Div{}); }
 void div_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(div(a.dout, a.in[1]), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(div(mul(a.dout, a.out), a.in[1])), a.in[1]);
@@ -67,7 +68,7 @@ const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_
 Var div(const Operand& a, const Operand& b) { return make_node(OpId::div, {a, b}); }
 
 // ---- pow ----  y = a^b; d/da = b a^(b-1), d/db = y log a (defined for a > 0)
-void pow_cpu(const KernelArgs& k) { binary(k, "pow", [](auto x, auto y) { return std::pow(x, y); }); }
+void pow_cpu(const KernelArgs& k) { binary(k, "pow", pw::Pow{}); }
 void pow_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, mul(a.in[1], pow(a.in[0], add_scalar(a.in[1], -1.0)))), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, mul(a.out, log(a.in[0]))), a.in[1]);

@@ -5,6 +5,7 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "core/math.hpp"
+#include "ops/pointwise.hpp"
 
 namespace ad {
 
@@ -34,34 +35,34 @@ constexpr const char* kDoubleBackward = "double backward is not supported";
 }  // namespace
 
 // ---- neg ----  d/dx (-x) = -1
-void neg_cpu(const KernelArgs& k) { unary(k, "neg", [](auto x) { return -x; }); }
+void neg_cpu(const KernelArgs& k) { unary(k, "neg", pw::Neg{}); }
 void neg_bwd(BackwardArgs& a) { a.grad[0] = neg(a.dout); }
 const OpDef op_def_neg{.name = "neg", .args = "x", .arity = 1, .infer = infer_float1, .cpu = neg_cpu, .backward = neg_bwd};
 Var neg(const Operand& x) { return un(OpId::neg, x); }
 
 // ---- exp ----  d/dx e^x = e^x; saves output
-void exp_cpu(const KernelArgs& k) { unary(k, "exp", [](auto x) { return math::exp_(x); }); }
+void exp_cpu(const KernelArgs& k) { unary(k, "exp", pw::Exp{}); }
 void exp_bwd(BackwardArgs& a) { a.grad[0] = mul(a.dout, a.out); }
 const OpDef op_def_exp{.name = "exp", .args = "x", .arity = 1, .infer = infer_float1, .cpu = exp_cpu,
                        .backward = exp_bwd, .saves = kSavesOutput};
 Var exp(const Operand& x) { return un(OpId::exp, x); }
 
 // ---- log ----  d/dx log x = 1/x; saves input
-void log_cpu(const KernelArgs& k) { unary(k, "log", [](auto x) { return std::log(x); }); }
+void log_cpu(const KernelArgs& k) { unary(k, "log", pw::Log{}); }
 void log_bwd(BackwardArgs& a) { a.grad[0] = div(a.dout, a.in[0]); }
 const OpDef op_def_log{.name = "log", .args = "x", .arity = 1, .infer = infer_float1, .cpu = log_cpu,
                        .backward = log_bwd, .saves = saves_input(0)};
 Var log(const Operand& x) { return un(OpId::log, x); }
 
 // ---- sqrt ----  d/dx sqrt x = 1/(2 sqrt x); saves output
-void sqrt_cpu(const KernelArgs& k) { unary(k, "sqrt", [](auto x) { return std::sqrt(x); }); }
+void sqrt_cpu(const KernelArgs& k) { unary(k, "sqrt", pw::Sqrt{}); }
 void sqrt_bwd(BackwardArgs& a) { a.grad[0] = mul_scalar(div(a.dout, a.out), 0.5); }
 const OpDef op_def_sqrt{.name = "sqrt", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sqrt_cpu,
                         .backward = sqrt_bwd, .saves = kSavesOutput};
 Var sqrt(const Operand& x) { return un(OpId::sqrt, x); }
 
 // ---- abs ----  d/dx |x| = sign(x) (0 at 0); saves input
-void abs_cpu(const KernelArgs& k) { unary(k, "abs", [](auto x) { return std::fabs(x); }); }
+void abs_cpu(const KernelArgs& k) { unary(k, "abs", pw::Abs{}); }
 void abs_bwd(BackwardArgs& a) { a.grad[0] = mul(a.dout, sign(a.in[0])); }
 const OpDef op_def_abs{.name = "abs", .args = "x", .arity = 1, .infer = infer_float1, .cpu = abs_cpu,
                        .backward = abs_bwd, .saves = saves_input(0)};
@@ -69,7 +70,7 @@ Var abs(const Operand& x) { return un(OpId::abs, x); }
 
 // ---- sign ----  piecewise constant: gradient 0 everywhere it is defined
 void sign_cpu(const KernelArgs& k) {
-  unary(k, "sign", [](auto x) { using T = decltype(x); return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)); });
+  unary(k, "sign", pw::Sign{});
 }
 void sign_bwd(BackwardArgs&) {}  // zero gradient
 const OpDef op_def_sign{.name = "sign", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sign_cpu,
@@ -77,27 +78,27 @@ const OpDef op_def_sign{.name = "sign", .args = "x", .arity = 1, .infer = infer_
 Var sign(const Operand& x) { return un(OpId::sign, x); }
 
 // ---- tanh ----  d/dx tanh = 1 - y^2; saves output
-void tanh_cpu(const KernelArgs& k) { unary(k, "tanh", [](auto x) { return math::tanh_(x); }); }
+void tanh_cpu(const KernelArgs& k) { unary(k, "tanh", pw::Tanh{}); }
 void tanh_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::tanh_backward, {a.out, a.dout}); }
 const OpDef op_def_tanh{.name = "tanh", .args = "x", .arity = 1, .infer = infer_float1, .cpu = tanh_cpu,
                         .backward = tanh_bwd, .saves = kSavesOutput};
 Var tanh(const Operand& x) { return un(OpId::tanh, x); }
 // (y, dy) -> dy (1 - y^2)
 void tanh_backward_cpu(const KernelArgs& k) {
-  binary_same(k, "tanh_backward", [](auto y, auto dy) { return dy * (decltype(y)(1) - y * y); });
+  binary_same(k, "tanh_backward", pw::TanhBackward{});
 }
 const OpDef op_def_tanh_backward{.name = "tanh_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = tanh_backward_cpu, .no_grad = kDoubleBackward};
 
 // ---- sigmoid ----  d/dx s = s (1 - s); saves output
-void sigmoid_cpu(const KernelArgs& k) { unary(k, "sigmoid", [](auto x) { return math::sigmoid_(x); }); }
+void sigmoid_cpu(const KernelArgs& k) { unary(k, "sigmoid", pw::Sigmoid{}); }
 void sigmoid_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::sigmoid_backward, {a.out, a.dout}); }
 const OpDef op_def_sigmoid{.name = "sigmoid", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sigmoid_cpu,
                            .backward = sigmoid_bwd, .saves = kSavesOutput};
 Var sigmoid(const Operand& x) { return un(OpId::sigmoid, x); }
 // (y, dy) -> dy y (1 - y)
 void sigmoid_backward_cpu(const KernelArgs& k) {
-  binary_same(k, "sigmoid_backward", [](auto y, auto dy) { return dy * y * (decltype(y)(1) - y); });
+  binary_same(k, "sigmoid_backward", pw::SigmoidBackward{});
 }
 const OpDef op_def_sigmoid_backward{.name = "sigmoid_backward", .args = "y,dy", .arity = 2,
                                     .infer = infer_float2_same, .cpu = sigmoid_backward_cpu,
@@ -105,7 +106,7 @@ const OpDef op_def_sigmoid_backward{.name = "sigmoid_backward", .args = "y,dy", 
 
 // ---- relu ----  d/dx = [x > 0] = [y > 0]; saves output
 void relu_cpu(const KernelArgs& k) {
-  unary(k, "relu", [](auto x) { using T = decltype(x); return x > T(0) ? x : T(0); });
+  unary(k, "relu", pw::Relu{});
 }
 void relu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::relu_backward, {a.out, a.dout}); }
 const OpDef op_def_relu{.name = "relu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = relu_cpu,
@@ -113,31 +114,31 @@ const OpDef op_def_relu{.name = "relu", .args = "x", .arity = 1, .infer = infer_
 Var relu(const Operand& x) { return un(OpId::relu, x); }
 // (y, dy) -> dy [y > 0]
 void relu_backward_cpu(const KernelArgs& k) {
-  binary_same(k, "relu_backward", [](auto y, auto dy) { using T = decltype(y); return y > T(0) ? dy : T(0); });
+  binary_same(k, "relu_backward", pw::ReluBackward{});
 }
 const OpDef op_def_relu_backward{.name = "relu_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = relu_backward_cpu, .no_grad = kDoubleBackward};
 
 // ---- gelu ----  x Phi(x); d/dx = Phi(x) + x phi(x); saves input
-void gelu_cpu(const KernelArgs& k) { unary(k, "gelu", [](auto x) { return math::gelu(x); }); }
+void gelu_cpu(const KernelArgs& k) { unary(k, "gelu", pw::Gelu{}); }
 void gelu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::gelu_backward, {a.in[0], a.dout}); }
 const OpDef op_def_gelu{.name = "gelu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = gelu_cpu,
                         .backward = gelu_bwd, .saves = saves_input(0)};
 Var gelu(const Operand& x) { return un(OpId::gelu, x); }
 void gelu_backward_cpu(const KernelArgs& k) {
-  binary_same(k, "gelu_backward", [](auto x, auto dy) { return dy * math::gelu_grad(x); });
+  binary_same(k, "gelu_backward", pw::GeluBackward{});
 }
 const OpDef op_def_gelu_backward{.name = "gelu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = gelu_backward_cpu, .no_grad = kDoubleBackward};
 
 // ---- silu ----  x s(x); d/dx = s (1 + x (1 - s)); saves input
-void silu_cpu(const KernelArgs& k) { unary(k, "silu", [](auto x) { return math::silu(x); }); }
+void silu_cpu(const KernelArgs& k) { unary(k, "silu", pw::Silu{}); }
 void silu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::silu_backward, {a.in[0], a.dout}); }
 const OpDef op_def_silu{.name = "silu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = silu_cpu,
                         .backward = silu_bwd, .saves = saves_input(0)};
 Var silu(const Operand& x) { return un(OpId::silu, x); }
 void silu_backward_cpu(const KernelArgs& k) {
-  binary_same(k, "silu_backward", [](auto x, auto dy) { return dy * math::silu_grad(x); });
+  binary_same(k, "silu_backward", pw::SiluBackward{});
 }
 const OpDef op_def_silu_backward{.name = "silu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = silu_backward_cpu, .no_grad = kDoubleBackward};
@@ -145,7 +146,7 @@ const OpDef op_def_silu_backward{.name = "silu_backward", .args = "x,dy", .arity
 // ---- add_scalar ----  x + s; d/dx = 1
 void add_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
-  unary(k, "add_scalar", [s](auto x) { return x + static_cast<decltype(x)>(s); });
+  unary(k, "add_scalar", pw::AddScalar{s});
 }
 void add_scalar_bwd(BackwardArgs& a) { a.grad[0] = a.dout; }
 const OpDef op_def_add_scalar{.name = "add_scalar", .args = "x", .arity = 1, .infer = infer_float1,
@@ -155,7 +156,7 @@ Var add_scalar(const Operand& x, double s) { return un_s(OpId::add_scalar, x, s)
 // ---- mul_scalar ----  x s; d/dx = s
 void mul_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
-  unary(k, "mul_scalar", [s](auto x) { return x * static_cast<decltype(x)>(s); });
+  unary(k, "mul_scalar", pw::MulScalar{s});
 }
 void mul_scalar_bwd(BackwardArgs& a) { a.grad[0] = mul_scalar(a.dout, a.attrs.scalar); }
 const OpDef op_def_mul_scalar{.name = "mul_scalar", .args = "x", .arity = 1, .infer = infer_float1,
@@ -165,7 +166,7 @@ Var mul_scalar(const Operand& x, double s) { return un_s(OpId::mul_scalar, x, s)
 // ---- rsub_scalar ----  s - x; d/dx = -1
 void rsub_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
-  unary(k, "rsub_scalar", [s](auto x) { return static_cast<decltype(x)>(s) - x; });
+  unary(k, "rsub_scalar", pw::RsubScalar{s});
 }
 void rsub_scalar_bwd(BackwardArgs& a) { a.grad[0] = neg(a.dout); }
 const OpDef op_def_rsub_scalar{.name = "rsub_scalar", .args = "x", .arity = 1, .infer = infer_float1,
@@ -175,7 +176,7 @@ Var rsub_scalar(const Operand& x, double s) { return un_s(OpId::rsub_scalar, x, 
 // ---- rdiv_scalar ----  y = s / x; d/dx = -s/x^2 = -y/x; saves input and output
 void rdiv_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
-  unary(k, "rdiv_scalar", [s](auto x) { return static_cast<decltype(x)>(s) / x; });
+  unary(k, "rdiv_scalar", pw::RdivScalar{s});
 }
 void rdiv_scalar_bwd(BackwardArgs& a) { a.grad[0] = neg(div(mul(a.dout, a.out), a.in[0])); }
 const OpDef op_def_rdiv_scalar{.name = "rdiv_scalar", .args = "x", .arity = 1, .infer = infer_float1,
@@ -185,13 +186,7 @@ Var rdiv_scalar(const Operand& x, double s) { return un_s(OpId::rdiv_scalar, x, 
 
 // ---- pow_scalar ----  x^p; d/dx = p x^(p-1); saves input
 void pow_scalar_cpu(const KernelArgs& k) {
-  double p = k.attrs.scalar;
-  unary(k, "pow_scalar", [p](auto x) {
-    using T = decltype(x);
-    if (p == 2.0) return x * x;
-    if (p == 1.0) return x;
-    return static_cast<T>(std::pow(x, static_cast<T>(p)));
-  });
+  unary(k, "pow_scalar", pw::PowScalar{k.attrs.scalar});
 }
 void pow_scalar_bwd(BackwardArgs& a) {
   double p = a.attrs.scalar;

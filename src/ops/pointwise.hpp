@@ -1,0 +1,68 @@
+#pragma once
+// Per-element math of the elementwise ops, as AD_HD functors: the CPU
+// kernels (src/ops/unary.cpp, binary.cpp) and the CUDA kernels
+// (src/cuda/pointwise.cu) apply the same functor, so the CPU tests exercise
+// the code the GPU runs. No fmt or other host-only headers here: nvcc
+// compiles it.
+#include <cmath>
+
+#include "core/math.hpp"
+
+namespace ad::pw {
+
+#define AD_PW_UNARY(Name, expr)                              \
+  struct Name {                                              \
+    template <class T> AD_HD T operator()(T x) const { return expr; } \
+  };
+#define AD_PW_BINARY(Name, expr)                                  \
+  struct Name {                                                   \
+    template <class T> AD_HD T operator()(T a, T b) const { return expr; } \
+  };
+#define AD_PW_SCALAR(Name, expr)                                  \
+  struct Name {                                                   \
+    double s;                                                     \
+    template <class T> AD_HD T operator()(T x) const { return expr; } \
+  };
+
+// ---- unary ----
+AD_PW_UNARY(Neg, -x)
+AD_PW_UNARY(Exp, math::exp_(x))
+AD_PW_UNARY(Log, std::log(x))
+AD_PW_UNARY(Sqrt, std::sqrt(x))
+AD_PW_UNARY(Abs, std::fabs(x))
+AD_PW_UNARY(Sign, x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)))
+AD_PW_UNARY(Tanh, math::tanh_(x))
+AD_PW_UNARY(Sigmoid, math::sigmoid_(x))
+AD_PW_UNARY(Relu, x > T(0) ? x : T(0))
+AD_PW_UNARY(Gelu, math::gelu(x))
+AD_PW_UNARY(Silu, math::silu(x))
+// ---- with a scalar ----
+AD_PW_SCALAR(AddScalar, x + static_cast<T>(s))
+AD_PW_SCALAR(MulScalar, x * static_cast<T>(s))
+AD_PW_SCALAR(RsubScalar, static_cast<T>(s) - x)
+AD_PW_SCALAR(RdivScalar, static_cast<T>(s) / x)
+AD_PW_SCALAR(PowScalar, s == 2.0 ? x * x : (s == 1.0 ? x : static_cast<T>(std::pow(x, static_cast<T>(s)))))
+// ---- fused activation backward: (saved, dy) -> dx ----
+AD_PW_BINARY(TanhBackward, b * (T(1) - a * a))        // a = y
+AD_PW_BINARY(SigmoidBackward, b * a * (T(1) - a))     // a = y
+AD_PW_BINARY(ReluBackward, a > T(0) ? b : T(0))       // a = y
+AD_PW_BINARY(GeluBackward, b * math::gelu_grad(a))    // a = x
+AD_PW_BINARY(SiluBackward, b * math::silu_grad(a))    // a = x
+// ---- binary (broadcasting) ----
+AD_PW_BINARY(Add, a + b)
+AD_PW_BINARY(Sub, a - b)
+AD_PW_BINARY(Mul, a * b)
+AD_PW_BINARY(Div, a / b)
+AD_PW_BINARY(Pow, std::pow(a, b))
+
+#undef AD_PW_UNARY
+#undef AD_PW_BINARY
+#undef AD_PW_SCALAR
+
+// The functors the CUDA backend instantiates (X-macro lists).
+#define AD_PW_UNARY_LIST(X) X(Neg) X(Exp) X(Log) X(Sqrt) X(Abs) X(Sign) X(Tanh) X(Sigmoid) X(Relu) X(Gelu) X(Silu) \
+  X(AddScalar) X(MulScalar) X(RsubScalar) X(RdivScalar) X(PowScalar)
+#define AD_PW_BINARY_LIST(X) X(TanhBackward) X(SigmoidBackward) X(ReluBackward) X(GeluBackward) X(SiluBackward) \
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow)
+
+}  // namespace ad::pw
