@@ -1,0 +1,27 @@
+#pragma once
+// Internal: the CUDA kernels' launchers, as plain functions over raw device
+// pointers and sizes (no CUDA or fmt headers: the op files, compiled by the
+// host compiler, call them from their *_cuda glue). Everything is queued on
+// the current device's default stream.
+#include <cstdint>
+
+#include "ad/dtype.hpp"
+#include "ad/shape.hpp"
+#include "ops/pointwise.hpp"
+
+namespace ad::cuda_k {
+
+// ---- pointwise (src/cuda/pointwise.cu) ----
+// y[i] = f(x[i]); t is f32 or f64.
+template <class F> void map1(DType t, const void* x, void* y, std::int64_t n, F f);
+// y[i] = f(a[i], b[i]), same shapes.
+template <class F> void map2(DType t, const void* a, const void* b, void* y, std::int64_t n, F f);
+// y = f(a, b) with numpy broadcasting of a (shape as) and b (bs) to ys.
+template <class F>
+void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, void* y, const Shape& ys, F f);
+// y = x converted between any of f32, f64, f16, bf16.
+void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
+// dst += src.
+void add_into(DType t, void* dst, const void* src, std::int64_t n);
+
+}  // namespace ad::cuda_k

@@ -1,0 +1,169 @@
+// CUDA kernels of the elementwise ops: one grid-stride kernel per shape of
+// access (same-shape unary and binary, broadcasting binary), applying the
+// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "ad/error.hpp"
+#include "cuda/launch.hpp"
+
+namespace ad::cuda_k {
+
+namespace {
+
+constexpr int kThreads = 256;
+unsigned blocks_for(std::int64_t n) {
+  std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 8 ? (b < 1 ? 1 : b) : 65535 * 8);
+}
+// (check.hpp pulls in fmt, which nvcc cannot compile: errors here are built
+// with std::string.)
+void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class T, class F> __global__ void map1_kernel(const T* x, T* y, std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = f(x[i]);
+}
+template <class T, class F> __global__ void map2_kernel(const T* a, const T* b, T* y, std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = f(a[i], b[i]);
+}
+struct Bcast {
+  int rank;
+  std::int64_t dims[kMaxRank], sa[kMaxRank], sb[kMaxRank];  // output dims, element strides (0: broadcast)
+};
+template <class T, class F> __global__ void bcast2_kernel(const T* a, const T* b, T* y, std::int64_t n, Bcast s, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t rem = i, ia = 0, ib = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      std::int64_t c = rem % s.dims[d];
+      rem /= s.dims[d];
+      ia += c * s.sa[d];
+      ib += c * s.sb[d];
+    }
+    y[i] = f(a[ia], b[ib]);
+  }
+}
+// element strides of `in` broadcast to `out` (numpy rules, right-aligned)
+void strides_for(const Shape& in, const Shape& out, std::int64_t* st) {
+  int r = out.rank(), ri = in.rank();
+  std::int64_t acc = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    int k = d - (r - ri);
+    if (k < 0) { st[d] = 0; continue; }
+    st[d] = in[k] == 1 && out[d] != 1 ? 0 : acc;
+    acc *= in[k];
+  }
+}
+
+template <class From, class To> __global__ void cast_kernel(const From* x, To* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = static_cast<To>(x[i]);
+}
+// f16/bf16 are stored as raw 16-bit words; conversions use the AD_HD
+// functions of ad/dtype.hpp (round to nearest even), as on the CPU.
+__global__ void to16_kernel(const float* x, std::uint16_t* y, std::int64_t n, bool bf) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+}
+__global__ void from16_kernel(const std::uint16_t* x, float* y, std::int64_t n, bool bf) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = bf ? bf16_to_f32(x[i]) : f16_to_f32(x[i]);
+}
+template <class T> __global__ void add_into_kernel(T* d, const T* s, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    d[i] += s[i];
+}
+
+}  // namespace
+
+template <class F> void map1(DType t, const void* x, void* y, std::int64_t n, F f) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    map1_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), n, f);
+  else
+    map1_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), n, f);
+  check_launch("map1");
+}
+template <class F> void map2(DType t, const void* a, const void* b, void* y, std::int64_t n, F f) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    map2_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(a), static_cast<const float*>(b),
+                                             static_cast<float*>(y), n, f);
+  else
+    map2_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(a), static_cast<const double*>(b),
+                                             static_cast<double*>(y), n, f);
+  check_launch("map2");
+}
+template <class F>
+void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, void* y, const Shape& ys, F f) {
+  std::int64_t n = ys.numel();
+  if (n == 0) return;
+  if (as == ys && bs == ys) return map2(t, a, b, y, n, f);
+  Bcast s{};
+  s.rank = ys.rank();
+  for (int d = 0; d < s.rank; ++d) s.dims[d] = ys[d];
+  strides_for(as, ys, s.sa);
+  strides_for(bs, ys, s.sb);
+  if (t == DType::f32)
+    bcast2_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(a), static_cast<const float*>(b),
+                                               static_cast<float*>(y), n, s, f);
+  else
+    bcast2_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(a), static_cast<const double*>(b),
+                                               static_cast<double*>(y), n, s, f);
+  check_launch("broadcast2");
+}
+
+#define AD_INSTANTIATE_UNARY(F) template void map1<pw::F>(DType, const void*, void*, std::int64_t, pw::F);
+#define AD_INSTANTIATE_BINARY(F)                                                                    \
+  template void map2<pw::F>(DType, const void*, const void*, void*, std::int64_t, pw::F);          \
+  template void broadcast2<pw::F>(DType, const void*, const Shape&, const void*, const Shape&, void*, \
+                                  const Shape&, pw::F);
+AD_PW_UNARY_LIST(AD_INSTANTIATE_UNARY)
+AD_PW_BINARY_LIST(AD_INSTANTIATE_BINARY)
+
+void cast(DType from, DType to, const void* x, void* y, std::int64_t n) {
+  if (n == 0) return;
+  auto g = blocks_for(n);
+  auto is16 = [](DType d) { return d == DType::f16 || d == DType::bf16; };
+  if (from == to) {
+    cudaMemcpyAsync(y, x, n * dtype_size(from), cudaMemcpyDeviceToDevice, 0);
+  } else if (from == DType::f32 && to == DType::f64) {
+    cast_kernel<<<g, kThreads>>>(static_cast<const float*>(x), static_cast<double*>(y), n);
+  } else if (from == DType::f64 && to == DType::f32) {
+    cast_kernel<<<g, kThreads>>>(static_cast<const double*>(x), static_cast<float*>(y), n);
+  } else if (from == DType::f32 && is16(to)) {
+    to16_kernel<<<g, kThreads>>>(static_cast<const float*>(x), static_cast<std::uint16_t*>(y), n, to == DType::bf16);
+  } else if (is16(from) && to == DType::f32) {
+    from16_kernel<<<g, kThreads>>>(static_cast<const std::uint16_t*>(x), static_cast<float*>(y), n,
+                                   from == DType::bf16);
+  } else {
+    throw Error(std::string("cast: ") + dtype_name(from) + " -> " + dtype_name(to) +
+                             " has no direct CUDA kernel; go through f32");
+  }
+  check_launch("cast");
+}
+
+void add_into(DType t, void* dst, const void* src, std::int64_t n) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    add_into_kernel<<<blocks_for(n), kThreads>>>(static_cast<float*>(dst), static_cast<const float*>(src), n);
+  else
+    add_into_kernel<<<blocks_for(n), kThreads>>>(static_cast<double*>(dst), static_cast<const double*>(src), n);
+  check_launch("add_into");
+}
+
+}  // namespace ad::cuda_k
