@@ -111,6 +111,17 @@ struct OpDef {
   bool view = false;                               // output shares input 0's storage
 };
 
+// An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA
+// backend: op files define it inside AD_CUDA_ONLY(...) and name it in their
+// OpDef as AD_CUDA_FN(<name>_cuda) (nullptr otherwise).
+#if AD_HAVE_CUDA
+#define AD_CUDA_FN(f) f
+#define AD_CUDA_ONLY(...) __VA_ARGS__
+#else
+#define AD_CUDA_FN(f) nullptr
+#define AD_CUDA_ONLY(...)
+#endif
+
 #define AD_OP(name, family) extern const OpDef op_def_##name;
 #include "ad/op_list.inc"
 #undef AD_OP

@@ -25,3 +25,23 @@ void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
 void add_into(DType t, void* dst, const void* src, std::int64_t n);
 
 }  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- cuBLAS (src/cuda/blas.cpp) ----
+// Row-major C_i = op(A_i) op(B_i) for i < batch, op = transpose when ta/tb;
+// A_i = a + i * stride_a (stride 0: the same matrix for every i), likewise B
+// and C. f32 or f64. K = 0 gives zeros.
+void gemm(DType t, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+          const void* a, std::int64_t stride_a, const void* b, std::int64_t stride_b, void* c, std::int64_t stride_c);
+
+}  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- reductions (src/cuda/reduce.cu) ----
+// y = scale * sum of x over the dims where `keep` (same rank as xs) is 1 and
+// xs is not; y is laid out as `keep`. Accumulates in f64, in a fixed order.
+void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale);
+
+}  // namespace ad::cuda_k

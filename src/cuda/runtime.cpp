@@ -11,6 +11,7 @@
 #include "ad/tensor.hpp"
 #include "core/device.hpp"
 #include "cuda/check.hpp"
+#include "cuda/launch.hpp"
 
 namespace ad {
 
@@ -180,6 +181,14 @@ void memset(int dev, void* p, int value, std::size_t bytes) {
   if (bytes == 0) return;
   DeviceGuard g(dev);
   AD_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, 0));
+}
+
+void add_into(Tensor& dst, const Tensor& src) {
+  if (!dst.is_cuda() || src.device() != dst.device())
+    throw Error(fmt::format("accumulate: gradient on {} but its buffer on {}", device::name(src.device()),
+                            device::name(dst.device())));
+  DeviceGuard g(dst.device().index);
+  cuda_k::add_into(dst.dtype(), dst.raw(), src.raw(), dst.numel());
 }
 
 }  // namespace cuda_rt

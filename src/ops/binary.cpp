@@ -5,6 +5,9 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/pointwise.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -23,57 +26,65 @@ template <class Fn> void binary(const KernelArgs& k, const char* op, Fn fn) {
                         [&](T x, T y) { return fn(x, y); });
   });
 }
+AD_CUDA_ONLY(template <class F> void binary_cuda(const KernelArgs& k, F f) {
+  cuda_k::broadcast2(k.out.dtype(), k[0].raw(), k[0].shape(), k[1].raw(), k[1].shape(), k.out.raw(), k.out.shape(), f);
+})
 // d/d(input) summed over the dims the input was broadcast along
 Var unbroadcast(const Var& g, const Var& like) { return g.shape() == like.shape() ? g : sum_to(g, like.shape()); }
 }  // namespace
 
 // ---- add ----  d/da = d/db = 1
 void add_cpu(const KernelArgs& k) { binary(k, "add", pw::Add{}); }
+AD_CUDA_ONLY(void add_cuda(const KernelArgs& k) { binary_cuda(k, pw::Add{}); })
 void add_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(a.dout, a.in[1]);
 }
-const OpDef op_def_add{.name = "add", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = add_cpu,
+const OpDef op_def_add{.name = "add", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = add_cpu, .cuda = AD_CUDA_FN(add_cuda),
                        .backward = add_bwd};
 Var add(const Operand& a, const Operand& b) { return make_node(OpId::add, {a, b}); }
 
 // ---- sub ----  d/da = 1, d/db = -1
 void sub_cpu(const KernelArgs& k) { binary(k, "sub", pw::Sub{}); }
+AD_CUDA_ONLY(void sub_cuda(const KernelArgs& k) { binary_cuda(k, pw::Sub{}); })
 void sub_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(a.dout, a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(a.dout), a.in[1]);
 }
-const OpDef op_def_sub{.name = "sub", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = sub_cpu,
+const OpDef op_def_sub{.name = "sub", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = sub_cpu, .cuda = AD_CUDA_FN(sub_cuda),
                        .backward = sub_bwd};
 Var sub(const Operand& a, const Operand& b) { return make_node(OpId::sub, {a, b}); }
 
 // ---- mul ----  d/da = b, d/db = a; saves both inputs
 void mul_cpu(const KernelArgs& k) { binary(k, "mul", pw::Mul{}); }
+AD_CUDA_ONLY(void mul_cuda(const KernelArgs& k) { binary_cuda(k, pw::Mul{}); })
 void mul_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, a.in[1]), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, a.in[0]), a.in[1]);
 }
-const OpDef op_def_mul{.name = "mul", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = mul_cpu,
+const OpDef op_def_mul{.name = "mul", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = mul_cpu, .cuda = AD_CUDA_FN(mul_cuda),
                        .backward = mul_bwd, .saves = saves_input(0) | saves_input(1)};
 Var mul(const Operand& a, const Operand& b) { return make_node(OpId::mul, {a, b}); }
 
 // ---- div ----  y = a/b; d/da = 1/b, d/db = -y/b; saves b and output
 void div_cpu(const KernelArgs& k) { binary(k, "div", pw::Div{}); }
+AD_CUDA_ONLY(void div_cuda(const KernelArgs& k) { binary_cuda(k, pw::Div{}); })
 void div_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(div(a.dout, a.in[1]), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(div(mul(a.dout, a.out), a.in[1])), a.in[1]);
 }
-const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = div_cpu,
+const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = div_cpu, .cuda = AD_CUDA_FN(div_cuda),
                        .backward = div_bwd, .saves = saves_input(1) | kSavesOutput};
 Var div(const Operand& a, const Operand& b) { return make_node(OpId::div, {a, b}); }
 
 // ---- pow ----  y = a^b; d/da = b a^(b-1), d/db = y log a (defined for a > 0)
 void pow_cpu(const KernelArgs& k) { binary(k, "pow", pw::Pow{}); }
+AD_CUDA_ONLY(void pow_cuda(const KernelArgs& k) { binary_cuda(k, pw::Pow{}); })
 void pow_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, mul(a.in[1], pow(a.in[0], add_scalar(a.in[1], -1.0)))), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, mul(a.out, log(a.in[0]))), a.in[1]);
 }
-const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = pow_cpu,
+const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = pow_cpu, .cuda = AD_CUDA_FN(pow_cuda),
                        .backward = pow_bwd, .saves = saves_input(0) | saves_input(1) | kSavesOutput};
 Var pow(const Operand& a, const Operand& b) { return make_node(OpId::pow, {a, b}); }
 

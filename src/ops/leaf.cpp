@@ -24,7 +24,8 @@ Meta infer_full(const InferArgs& a) {
   return Meta{a.attrs.shape, a.attrs.dtype, Device::cpu()};
 }
 void full_cpu(const KernelArgs& k) { k.out.fill(k.attrs.scalar); }
-const OpDef op_def_full{.name = "full", .args = "", .arity = 0, .infer = infer_full, .cpu = full_cpu,
+AD_CUDA_ONLY(void full_cuda(const KernelArgs& k) { k.out.fill(k.attrs.scalar); })  // Tensor::fill is device-aware
+const OpDef op_def_full{.name = "full", .args = "", .arity = 0, .infer = infer_full, .cpu = full_cpu, .cuda = AD_CUDA_FN(full_cuda),
                         .no_grad = "a constant"};
 
 Var full(const Var& like, const Shape& shape, double value, DType dtype) {

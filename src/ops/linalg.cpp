@@ -6,6 +6,9 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -88,6 +91,17 @@ void matmul_cpu(const KernelArgs& k) {
            C + i * d.m * d.n);
   });
 }
+// one strided-batched cuBLAS call; [B,M,K] x [K,N] folds the batch into M
+AD_CUDA_ONLY(void matmul_cuda(const KernelArgs& k) {
+  bool ta = k.attrs.trans_a, tb = k.attrs.trans_b;
+  MatmulDims d = matmul_dims(k[0].shape(), k[1].shape(), ta, tb, k.out.shape());
+  if (d.a_batched && !d.b_batched && !ta) {
+    cuda_k::gemm(k.out.dtype(), false, tb, 1, d.batch * d.m, d.n, d.k, k[0].raw(), 0, k[1].raw(), 0, k.out.raw(), 0);
+    return;
+  }
+  cuda_k::gemm(k.out.dtype(), ta, tb, d.batch, d.m, d.n, d.k, k[0].raw(), d.a_batched ? d.m * d.k : 0, k[1].raw(),
+               d.b_batched ? d.k * d.n : 0, k.out.raw(), d.m * d.n);
+})
 double matmul_flops(const InferArgs& a, const Meta& out) {
   std::int64_t k = a.attrs.trans_a ? a[0].shape[a[0].shape.rank() - 2] : a[0].shape.back();
   return 2.0 * static_cast<double>(out.shape.numel()) * static_cast<double>(k);
@@ -111,7 +125,7 @@ void matmul_bwd(BackwardArgs& a) {
     a.grad[1] = g.shape() == B.shape() ? g : sum_to(g, B.shape());
   }
 }
-const OpDef op_def_matmul{.name = "matmul", .args = "a,b", .arity = 2, .infer = infer_matmul, .cpu = matmul_cpu,
+const OpDef op_def_matmul{.name = "matmul", .args = "a,b", .arity = 2, .infer = infer_matmul, .cpu = matmul_cpu, .cuda = AD_CUDA_FN(matmul_cuda),
                           .backward = matmul_bwd, .saves = saves_input(0) | saves_input(1),
                           .flops = matmul_flops};
 Var matmul(const Operand& a, const Operand& b, bool trans_a, bool trans_b) {

@@ -54,6 +54,7 @@ AD_PW_BINARY(Sub, a - b)
 AD_PW_BINARY(Mul, a * b)
 AD_PW_BINARY(Div, a / b)
 AD_PW_BINARY(Pow, std::pow(a, b))
+AD_PW_BINARY(First, ((void)b, a))  // broadcast_to: a copy of a, broadcast
 
 #undef AD_PW_UNARY
 #undef AD_PW_BINARY
@@ -63,6 +64,6 @@ AD_PW_BINARY(Pow, std::pow(a, b))
 #define AD_PW_UNARY_LIST(X) X(Neg) X(Exp) X(Log) X(Sqrt) X(Abs) X(Sign) X(Tanh) X(Sigmoid) X(Relu) X(Gelu) X(Silu) \
   X(AddScalar) X(MulScalar) X(RsubScalar) X(RdivScalar) X(PowScalar)
 #define AD_PW_BINARY_LIST(X) X(TanhBackward) X(SigmoidBackward) X(ReluBackward) X(GeluBackward) X(SiluBackward) \
-  X(Add) X(Sub) X(Mul) X(Div) X(Pow)
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First)
 
 }  // namespace ad::pw

@@ -6,6 +6,9 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 #include "core/math.hpp"
 
 namespace ad {
@@ -126,8 +129,11 @@ void sum_cpu(const KernelArgs& k) {
     reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, k.out.data<T>(), 0.0, [](double a, double v) { return a + v; });
   });
 }
+AD_CUDA_ONLY(void sum_cuda(const KernelArgs& k) {
+  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw(), 1.0);
+})
 void sum_bwd(BackwardArgs& a) { a.grad[0] = expand_back(a.dout, a.in[0], a.attrs.axes); }
-const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .backward = sum_bwd};
+const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .cuda = AD_CUDA_FN(sum_cuda), .backward = sum_bwd};
 Var sum(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::sum, {x}, reduce_attrs("sum", x, axes, keepdim));
 }
@@ -142,6 +148,11 @@ void mean_cpu(const KernelArgs& k) {
     for (std::int64_t i = 0; i < k.out.numel(); ++i) y[i] = static_cast<T>(static_cast<double>(y[i]) / c);
   });
 }
+AD_CUDA_ONLY(void mean_cuda(const KernelArgs& k) {
+  double c = static_cast<double>(reduced_count(k[0].shape(), k.attrs.axes));
+  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw(),
+                     1.0 / c);
+})
 void mean_bwd(BackwardArgs& a) {
   double c = static_cast<double>(reduced_count(a.in[0].shape(), a.attrs.axes));
   a.grad[0] = mul_scalar(expand_back(a.dout, a.in[0], a.attrs.axes), 1.0 / c);
@@ -154,7 +165,7 @@ Meta infer_mean(const InferArgs& a) {
     if (a[0].shape[static_cast<int>(ax)] == 0) fail_shapes(a, fmt::format("mean over empty axis {}", ax));
   return m;
 }
-const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_mean, .cpu = mean_cpu,
+const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_mean, .cpu = mean_cpu, .cuda = AD_CUDA_FN(mean_cuda),
                         .backward = mean_bwd};
 Var mean(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::mean, {x}, reduce_attrs("mean", x, axes, keepdim));

@@ -5,6 +5,10 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/pointwise.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -42,8 +46,10 @@ Meta infer_reshape(const InferArgs& a) {
   return Meta{s, a[0].dtype, a[0].device};
 }
 void reshape_cpu(const KernelArgs& k) { k.out = k[0].reshape(k.out_meta.shape); }
+// a view: the same code on every device
+AD_CUDA_ONLY(void reshape_cuda(const KernelArgs& k) { reshape_cpu(k); })
 void reshape_bwd(BackwardArgs& a) { a.grad[0] = reshape(a.dout, a.in[0].shape()); }
-const OpDef op_def_reshape{.name = "reshape", .args = "x", .arity = 1, .infer = infer_reshape, .cpu = reshape_cpu,
+const OpDef op_def_reshape{.name = "reshape", .args = "x", .arity = 1, .infer = infer_reshape, .cpu = reshape_cpu, .cuda = AD_CUDA_FN(reshape_cuda),
                            .backward = reshape_bwd, .flops = [](const InferArgs&, const Meta&) { return 0.0; },
                            .view = true};
 Var reshape(const Operand& x, const Shape& shape) {
@@ -136,9 +142,13 @@ void broadcast_to_cpu(const KernelArgs& k) {
     kernels::broadcast2(x, k[0].shape(), x, k[0].shape(), k.out.data<T>(), k.out.shape(), [](T u, T) { return u; });
   });
 }
+AD_CUDA_ONLY(void broadcast_to_cuda(const KernelArgs& k) {
+  cuda_k::broadcast2(k.out.dtype(), k[0].raw(), k[0].shape(), k[0].raw(), k[0].shape(), k.out.raw(), k.out.shape(),
+                     pw::First{});
+})
 void broadcast_to_bwd(BackwardArgs& a) { a.grad[0] = sum_to(a.dout, a.in[0].shape()); }
 const OpDef op_def_broadcast_to{.name = "broadcast_to", .args = "x", .arity = 1, .infer = infer_broadcast_to,
-                                .cpu = broadcast_to_cpu, .backward = broadcast_to_bwd};
+                                .cpu = broadcast_to_cpu, .cuda = AD_CUDA_FN(broadcast_to_cuda), .backward = broadcast_to_bwd};
 Var broadcast_to(const Operand& x, const Shape& shape) {
   Attrs at;
   at.shape = shape;
@@ -182,8 +192,16 @@ void sum_to_cpu(const KernelArgs& k) {
     }
   });
 }
+// sum over the leading dims and the dims where the target has 1
+AD_CUDA_ONLY(void sum_to_cuda(const KernelArgs& k) {
+  const Shape& xs = k[0].shape();
+  Shape keep;
+  for (int i = 0; i < xs.rank() - k.out.shape().rank(); ++i) keep.push_back(1);
+  for (auto d : k.out.shape()) keep.push_back(d);
+  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), xs, keep, k.out.raw(), 1.0);
+})
 void sum_to_bwd(BackwardArgs& a) { a.grad[0] = broadcast_to(a.dout, a.in[0].shape()); }
-const OpDef op_def_sum_to{.name = "sum_to", .args = "x", .arity = 1, .infer = infer_sum_to, .cpu = sum_to_cpu,
+const OpDef op_def_sum_to{.name = "sum_to", .args = "x", .arity = 1, .infer = infer_sum_to, .cpu = sum_to_cpu, .cuda = AD_CUDA_FN(sum_to_cuda),
                           .backward = sum_to_bwd};
 Var sum_to(const Operand& x, const Shape& shape) {
   Attrs at;
@@ -266,13 +284,14 @@ Meta infer_part(const InferArgs& a) {
   return Meta{a.attrs.shape, a[0].dtype, a[0].device};
 }
 void part_cpu(const KernelArgs& k) { k.out = k[0].view(k.attrs.start, k.out_meta.shape); }
+AD_CUDA_ONLY(void part_cuda(const KernelArgs& k) { part_cpu(k); })  // a view
 void part_bwd(BackwardArgs& a) {
   Attrs at;
   at.start = a.attrs.start;
   at.shape = a.in[0].shape();
   a.grad[0] = make_node(OpId::part_backward, {a.dout}, at);
 }
-const OpDef op_def_part{.name = "part", .args = "x", .arity = 1, .infer = infer_part, .cpu = part_cpu,
+const OpDef op_def_part{.name = "part", .args = "x", .arity = 1, .infer = infer_part, .cpu = part_cpu, .cuda = AD_CUDA_FN(part_cuda),
                         .backward = part_bwd, .flops = [](const InferArgs&, const Meta&) { return 0.0; },
                         .view = true};
 Var part(const Operand& x, std::int64_t offset, const Shape& shape) {

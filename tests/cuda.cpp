@@ -1,0 +1,175 @@
+// The CUDA backend. On a machine without a GPU (or a build without CUDA) the
+// error paths are tested and the GPU comparisons report themselves skipped.
+// With a GPU, every gradcheck case whose op has a CUDA kernel is run on the
+// GPU and compared with the CPU: forward values and every gradient, in f64
+// and f32, plus predicted == measured peak on the device.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "ad/ad.hpp"
+#include "core/graph_impl.hpp"
+#include "test_util.hpp"
+
+using namespace ad;
+using namespace ad::test;
+
+namespace {
+bool gpu() {
+  static const bool has = cuda::available();
+  return has;
+}
+// Prints ctest's skip marker (see tests/CMakeLists.txt) with the reason.
+bool skip_without_gpu() {
+  if (gpu()) return false;
+  std::printf("[ad-skip] %s\n", cuda::built() ? "no usable GPU on this machine" : "this build has no CUDA backend");
+  return true;
+}
+
+// True when `op` and every op of its gradient graph have CUDA kernels.
+bool all_cuda(const Var& v) {
+  for (const Node& n : v.graph()->nodes)
+    if (n.op != OpId::input && n.op != OpId::parameter && !op_def(n.op).cuda) return false;
+  return true;
+}
+
+struct Run {
+  Tensor out;
+  std::vector<Tensor> grads;
+  std::int64_t predicted = 0, measured = 0;
+  bool covered = true;
+};
+// forward and d(sum(out * w))/d(inputs) on `dev`, inputs cast to `t`
+Run run_case(const GradCase& c, Device dev, DType t, std::uint64_t seed) {
+  Run r;
+  PGraph g;
+  std::vector<Var> vs, wrt;
+  for (const auto& x : c.inputs) {
+    Tensor y = x.dtype() == DType::f64 ? x.to(t) : x;
+    vs.push_back(g.input(y.to(dev)));
+    if (x.dtype() == DType::f64) wrt.push_back(vs.back());
+  }
+  Var out = c.build(vs);
+  Rng wr(seed);
+  Var loss = sum(mul(out, g.input(Tensor::randn(out.shape(), wr, t).to(dev))));
+  auto grads = grad(loss, wrt);
+  if (!all_cuda(loss)) {
+    r.covered = false;
+    return r;
+  }
+  std::vector<std::int32_t> targets{out.id()};
+  for (auto& gv : grads) targets.push_back(gv.id());
+  Schedule s = plan(g.impl(), targets, {}, policy::keep_all());
+  RunStats st = execute(g.impl(), s);
+  r.predicted = s.predicted_peak_bytes;
+  r.measured = st.measured_peak_bytes;
+  r.out = g.impl().node(out.id()).value.to(Device::cpu());
+  for (auto& gv : grads) r.grads.push_back(g.impl().node(gv.id()).value.to(Device::cpu()));
+  return r;
+}
+double max_rel(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector(), y = b.to_vector();
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) != std::isnan(y[i])) return INFINITY;
+    if (std::isnan(x[i]) || x[i] == y[i]) continue;
+    worst = std::max(worst, std::abs(x[i] - y[i]) / std::max(1.0, std::abs(y[i])));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("cuda: asking for a GPU that is not there is a clear ad::Error") {
+  if (gpu()) return;  // covered by the GPU tests below
+  CHECK(cuda::device_count() == 0);
+  CHECK_FALSE(cuda::available());
+  Tensor x = Tensor::ones({2, 3});
+  const char* why = cuda::built() ? "no usable GPU" : "no CUDA backend";
+  CHECK_THROWS_WITH_AS(x.to(Device::cuda(0)), doctest::Contains(why), Error);
+  CHECK_THROWS_WITH_AS(cuda::require(0), doctest::Contains(why), Error);
+  if (cuda::built()) CHECK_THROWS_AS(cuda::memory_stats(0), Error);
+  CHECK_THROWS_AS(Tensor::empty({4}, DType::f32, Device::cuda(0)), Error);
+  CHECK(x.to(Device::cpu()).to_vector() == std::vector<double>(6, 1.0));
+}
+
+TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
+  // checked at graph build time from the metas: no GPU needed
+  Meta a{{2, 3}, DType::f32, Device::cpu()}, b{{2, 3}, DType::f32, Device::cuda(1)};
+  const Meta* in[] = {&a, &b};
+  Attrs at;
+  InferArgs args{op_def(OpId::add), in, at};
+  std::string msg;
+  try {
+    op_def(OpId::add).infer(args);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("add") != std::string::npos);
+  CHECK(msg.find("different devices") != std::string::npos);
+  CHECK(msg.find("a f32[2,3]") != std::string::npos);
+  CHECK(msg.find("b f32[2,3]@cuda:1") != std::string::npos);
+}
+
+TEST_CASE("cuda: ops without a CUDA kernel say so") {
+  if (skip_without_gpu()) return;
+  Graph g;
+  Var x = g.input(Tensor::ones({2, 3}).to(Device::cuda(0)));
+  REQUIRE_MESSAGE(!op_def(OpId::softmax).cuda, "pick another op without a CUDA kernel for this test");
+  CHECK_THROWS_WITH_AS(eval(softmax(x, -1)), doctest::Contains("softmax: no CUDA kernel"), Error);
+}
+
+TEST_CASE("cuda: every op with a CUDA kernel matches the CPU, forward and gradients") {
+  if (skip_without_gpu()) return;
+  const auto cases = gradcheck_cases();
+  int compared = 0, uncovered = 0;
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const GradCase& c = cases[k];
+    if (!op_def(c.op).cuda) continue;
+    INFO(fmt::format("{} {}", op_name(c.op), c.label));
+    for (DType t : {DType::f64, DType::f32}) {
+      Run cpu = run_case(c, Device::cpu(), t, 500 + k);
+      Run gpu_run = run_case(c, Device::cuda(0), t, 500 + k);
+      if (!gpu_run.covered) {
+        ++uncovered;
+        continue;
+      }
+      double tol = t == DType::f64 ? 1e-10 : 1e-5;
+      CHECK(max_rel(gpu_run.out, cpu.out) <= tol);
+      REQUIRE(gpu_run.grads.size() == cpu.grads.size());
+      for (std::size_t i = 0; i < cpu.grads.size(); ++i) CHECK(max_rel(gpu_run.grads[i], cpu.grads[i]) <= tol);
+      CHECK(gpu_run.measured == gpu_run.predicted);
+      ++compared;
+    }
+  }
+  MESSAGE(fmt::format("{} case x dtype runs compared with the CPU; {} skipped (an op of their gradient graph has no "
+                      "CUDA kernel yet)", compared, uncovered));
+  CHECK(compared > 0);
+}
+
+TEST_CASE("cuda: a training step on the GPU equals the CPU step") {
+  if (skip_without_gpu()) return;
+  Rng rng(8);
+  Tensor x = Tensor::randn({32, 16}, rng), y = Tensor::randn({32, 4}, rng);
+  Tensor w1 = Tensor::randn({16, 32}, rng, DType::f32, 0, 0.3), w2 = Tensor::randn({32, 4}, rng, DType::f32, 0, 0.3);
+  std::vector<Tensor> grads[2];
+  std::int64_t peaks[2][2];
+  for (int d = 0; d < 2; ++d) {
+    Device dev = d ? Device::cuda(0) : Device::cpu();
+    Parameter p1(w1.to(dev), "w1"), p2(w2.to(dev), "w2");
+    Graph g;
+    Var h = tanh(matmul(g.input(x.to(dev)), p1));
+    Var loss = mean(mul(sub(matmul(h, p2), g.input(y.to(dev))), sub(matmul(h, p2), g.input(y.to(dev)))));
+    Report r = backward(loss, policy::sqrt_n());
+    peaks[d][0] = r.predicted_peak_bytes;
+    peaks[d][1] = r.measured_peak_bytes;
+    grads[d] = {p1.grad().to(Device::cpu()), p2.grad().to(Device::cpu())};
+  }
+  CHECK(peaks[1][0] == peaks[1][1]);
+  CHECK(peaks[1][0] == peaks[0][0]);
+  for (int i = 0; i < 2; ++i) CHECK(max_rel(grads[1][static_cast<std::size_t>(i)], grads[0][static_cast<std::size_t>(i)]) <= 1e-5);
+  auto st = cuda::memory_stats(0);
+  CHECK(st.reserved_bytes >= st.live_bytes);
+  cuda::empty_cache();
+}
