@@ -4,3 +4,5 @@
 #include "ad/nn/layers.hpp"
 #include "ad/nn/module.hpp"
 #include "ad/nn/optim.hpp"
+#include "ad/nn/serialize.hpp"
+#include "ad/safetensors.hpp"
