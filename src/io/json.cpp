@@ -114,7 +114,7 @@ class Parser {
         skip_ws();
         expect(':', "after an object key");
         skip_ws();
-        v.members.emplace_back(std::move(key), value(depth + 1));
+        v.members.push_back(Member{std::move(key), value(depth + 1)});
         skip_ws();
         if (eof()) fail("unexpected end of the document in an object");
         if (peek() == ',') { ++i_; continue; }

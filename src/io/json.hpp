@@ -10,14 +10,20 @@
 
 namespace ad::json {
 
+struct Member;
+
 struct Value {
   enum class Kind : std::uint8_t { null, boolean, number, string, array, object };
   Kind kind = Kind::null;
   bool boolean = false;
   std::string text;                                    // string value, or a number's literal
   std::vector<Value> items;                            // array
-  std::vector<std::pair<std::string, Value>> members;  // object, in document order
+  std::vector<Member> members;                         // object, in document order
   std::size_t pos = 0;                                 // byte offset where the value starts
+};
+struct Member {
+  std::string first;  // key
+  Value second;
 };
 
 const char* kind_name(Value::Kind k);
