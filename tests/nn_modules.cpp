@@ -25,11 +25,11 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
 }
 
 // A module made of others, as a transformer block would be.
-struct Block : nn::Module {
+struct DropBlock : nn::Module {
   nn::LayerNorm ln;
   nn::MLP mlp;
   nn::Dropout drop;
-  Block(std::int64_t d, ad::Rng& rng) : ln(d), mlp({d, 2 * d, d}, rng), drop(0.5, rng) {}
+  DropBlock(std::int64_t d, ad::Rng& rng) : ln(d), mlp({d, 2 * d, d}, rng), drop(0.5, rng) {}
   void visit(nn::Visitor& v) const override {
     v.module("ln", ln);
     v.module("mlp", mlp);
@@ -38,10 +38,10 @@ struct Block : nn::Module {
 };
 struct Net : nn::Module {
   nn::Embedding emb;
-  nn::ModuleList<Block> blocks;
+  nn::ModuleList<DropBlock> blocks;
   nn::RMSNorm norm;
   Net(ad::Rng& rng) : emb(10, 4, rng), norm(4) {
-    for (int i = 0; i < 2; ++i) blocks.push_back(Block(4, rng));
+    for (int i = 0; i < 2; ++i) blocks.push_back(DropBlock(4, rng));
   }
   void visit(nn::Visitor& v) const override {
     v.module("emb", emb);
@@ -50,7 +50,36 @@ struct Net : nn::Module {
   }
 };
 
+// The residual block of docs/training.md.
+// [snippet block]
+struct Block : ad::nn::Module {
+  ad::nn::LayerNorm ln;
+  ad::nn::MLP mlp;
+  Block(std::int64_t d, ad::Rng& rng) : ln(d), mlp({d, 4 * d, d}, rng) {}
+  ad::Var operator()(const ad::Var& x) const { return ad::add(x, mlp(ln(x))); }
+  void visit(ad::nn::Visitor& v) const override { v.module("ln", ln); v.module("mlp", mlp); }
+};
+// [end snippet]
+
 }  // namespace
+
+TEST_CASE("nn docs residual block") {
+  ad::Rng rng(19);
+  ad::nn::ModuleList<Block> blocks;
+  blocks.push_back(Block(4, rng));
+  blocks.push_back(Block(4, rng));
+  auto ps = blocks.named_parameters();
+  REQUIRE(ps.size() == 12);
+  CHECK(ps[0].first == "0.ln.weight");
+  CHECK(ps[11].first == "1.mlp.layers.1.bias");
+  CHECK(ps[2].second.shape() == ad::Shape{16, 4});
+  ad::Graph g;
+  ad::Var x = g.input(Tensor::randn({3, 4}, rng));
+  ad::Var y = blocks[1](blocks[0](x));
+  CHECK(y.shape() == ad::Shape{3, 4});
+  ad::backward(ad::sum(y));
+  for (auto& np : ps) CHECK(np.second.has_grad());
+}
 
 TEST_CASE("nn Linear forward matches loops") {
   ad::Rng rng(11);
@@ -279,7 +308,7 @@ TEST_CASE("nn nested names, buffers, train and eval reach submodules") {
   // zero_grad after a backward through the whole net
   ad::Graph g;
   ad::Var h = net.emb(g.input(Tensor::from(std::vector<std::int64_t>{1, 2, 3}, {3})));
-  for (const Block& b : net.blocks) h = b.drop(b.mlp(b.ln(h)));
+  for (const DropBlock& b : net.blocks) h = b.drop(b.mlp(b.ln(h)));
   ad::backward(ad::sum(net.norm(h)));
   for (auto& np : net.named_parameters()) CHECK(np.second.has_grad());
   net.zero_grad();

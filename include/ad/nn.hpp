@@ -4,3 +4,6 @@
 #include "ad/nn/layers.hpp"
 #include "ad/nn/module.hpp"
 #include "ad/nn/optim.hpp"
+#include "ad/nn/progress.hpp"
+#include "ad/nn/serialize.hpp"
+#include "ad/safetensors.hpp"

@@ -1,4 +1,5 @@
-// Fits y = 3x - 1 with one Parameter pair; exits 0 when the fit is close.
+// Fits y = 3x - 1 with one Parameter pair and round-trips a Linear layer
+// through safetensors; exits 0 when the fit is close and the bytes agree.
 #include <ad/ad.hpp>
 
 #include <cmath>
@@ -19,6 +20,11 @@ int main() {
     }
   }
   float wf = w.value().data<float>()[0], bf = b.value().data<float>()[0];
-  fmt::print("ad {}: w = {:.4f}, b = {:.4f}\n", ad::kVersionString, wf, bf);
-  return std::fabs(wf - 3.0f) < 1e-3f && std::fabs(bf + 1.0f) < 1e-3f ? 0 : 1;
+  // the training toolkit's headers and code are installed too
+  ad::nn::Linear lin(2, 3, rng);
+  auto bytes = ad::serialize_safetensors(ad::nn::module_state(lin));
+  auto back = ad::parse_safetensors(bytes.data(), bytes.size());
+  bool io_ok = back.tensors.size() == 2 && ad::bitwise_equal(back.at("weight"), lin.weight.value());
+  fmt::print("ad {}: w = {:.4f}, b = {:.4f}, safetensors round trip {}\n", ad::kVersionString, wf, bf, io_ok ? "ok" : "FAILED");
+  return std::fabs(wf - 3.0f) < 1e-3f && std::fabs(bf + 1.0f) < 1e-3f && io_ok ? 0 : 1;
 }

@@ -1,0 +1,114 @@
+#include "ad/nn/serialize.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+namespace ad::nn {
+
+NamedTensors module_state(const Module& m) {
+  NamedTensors out;
+  for (auto& np : m.named_parameters()) out.emplace_back(np.first, np.second.value());
+  for (auto& nb : m.named_buffers()) out.emplace_back(nb.first, nb.second);
+  return out;
+}
+
+namespace {
+// Checks `state` against the module; returns the (destination, source) pairs to copy.
+std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m, const NamedTensors& state, bool strict) {
+  std::map<std::string, const Tensor*> src;
+  for (const auto& nt : state)
+    if (!src.emplace(nt.first, &nt.second).second)
+      throw Error(fmt::format("load_module: tensor \"{}\" appears twice", nt.first));
+  std::set<std::string> names;
+  std::vector<std::pair<Tensor, const Tensor*>> out;
+  for (const auto& d : module_state(m)) {
+    names.insert(d.first);
+    auto it = src.find(d.first);
+    if (it == src.end()) {
+      if (strict) throw Error(fmt::format("load_module: \"{}\" ({}{}) is missing", d.first, dtype_name(d.second.dtype()),
+                                          d.second.shape().str()));
+      continue;
+    }
+    const Tensor& s = *it->second;
+    if (s.shape() != d.second.shape() || s.dtype() != d.second.dtype())
+      throw Error(fmt::format("load_module: \"{}\" is {}{} in the source but {}{} in the module", d.first,
+                              dtype_name(s.dtype()), s.shape().str(), dtype_name(d.second.dtype()), d.second.shape().str()));
+    out.emplace_back(d.second, &s);
+  }
+  if (strict)
+    for (const auto& nt : state)
+      if (!names.count(nt.first))
+        throw Error(fmt::format("load_module: unexpected tensor \"{}\" (not a parameter or buffer of the module)", nt.first));
+  return out;
+}
+void apply(std::vector<std::pair<Tensor, const Tensor*>>& pairs) {
+  for (auto& p : pairs) p.first.copy_from(*p.second);
+}
+}  // namespace
+
+void load_module_state(const Module& m, const NamedTensors& state, bool strict) {
+  auto pairs = match_module_state(m, state, strict);
+  apply(pairs);
+}
+
+void save_module(const std::string& path, const Module& m, const Metadata& metadata) {
+  save_safetensors(path, module_state(m), metadata);
+}
+Metadata load_module(const std::string& path, const Module& m, bool strict) {
+  SafeTensors st = load_safetensors(path);
+  try {
+    load_module_state(m, st.tensors, strict);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (file {})", e.what(), path));
+  }
+  return st.metadata;
+}
+
+void save_optimizer(const std::string& path, const Optimizer& opt, const Metadata& metadata) {
+  save_safetensors(path, opt.state(), metadata);
+}
+Metadata load_optimizer(const std::string& path, Optimizer& opt) {
+  SafeTensors st = load_safetensors(path);
+  try {
+    opt.load_state(st.tensors);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (file {})", e.what(), path));
+  }
+  return st.metadata;
+}
+
+namespace {
+constexpr std::string_view kModel = "model.", kOptim = "optim.";
+}
+
+void save_checkpoint(const std::string& path, const Module& m, const Optimizer& opt, const Metadata& metadata) {
+  NamedTensors all;
+  for (auto& nt : module_state(m)) all.emplace_back(std::string(kModel) + nt.first, nt.second);
+  for (auto& nt : opt.state()) all.emplace_back(std::string(kOptim) + nt.first, nt.second);
+  save_safetensors(path, all, metadata);
+}
+
+Metadata load_checkpoint(const std::string& path, const Module& m, Optimizer& opt) {
+  SafeTensors st = load_safetensors(path);
+  NamedTensors model, optim;
+  for (auto& nt : st.tensors) {
+    std::string_view n = nt.first;
+    if (n.starts_with(kModel)) model.emplace_back(std::string(n.substr(kModel.size())), nt.second);
+    else if (n.starts_with(kOptim)) optim.emplace_back(std::string(n.substr(kOptim.size())), nt.second);
+    else throw Error(fmt::format("load_checkpoint: {}: tensor \"{}\" is neither model.* nor optim.*", path, nt.first));
+  }
+  // Nothing changes unless both fit: the module is checked, then the
+  // optimizer checks and loads, then the module's values are copied.
+  try {
+    auto pairs = match_module_state(m, model, true);
+    opt.load_state(optim);
+    apply(pairs);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{} (file {})", e.what(), path));
+  }
+  return st.metadata;
+}
+
+}  // namespace ad::nn
