@@ -180,7 +180,11 @@ struct Opt {
 // every step, and the single-process reference, do not depend on p.
 constexpr std::int64_t kGlobal = 16, kRows = kGlobal * 4;
 
-void train(const ad::dist::Communicator& c, int steps, const std::string& policy_name, const std::string& opt_kind) {
+// `io`: "" (no files), "save:<path>@<k>" (after k steps, rank 0 writes the
+// parameters and the full ZeRO/Adam state with safetensors; the run goes on),
+// or "resume:<path>" (start from such a file, at its step, on this world size).
+void train(const ad::dist::Communicator& c, int steps, const std::string& policy_name, const std::string& opt_kind,
+           const std::string& io) {
   const int p = c.size(), r = c.rank();
   ad::Rng drng(99);
   ad::Tensor X = ad::Tensor::randn({kRows, kIn}, drng, ad::DType::f64);
@@ -199,6 +203,22 @@ void train(const ad::dist::Communicator& c, int steps, const std::string& policy
   Model ref(1000);  // rank 0's initial parameters
   Opt ref_opt(opt_kind == "zero" ? "adam" : opt_kind, ref, nullptr);
   const std::int64_t per = kGlobal / p, steps_per_epoch = kRows / kGlobal;
+  std::string save_path;
+  int save_at = -1, start = 0;
+  if (io.rfind("save:", 0) == 0) {
+    auto at = io.rfind('@');
+    save_path = io.substr(5, at - 5);
+    save_at = std::atoi(io.c_str() + at + 1);
+  } else if (io.rfind("resume:", 0) == 0) {
+    ad::SafeTensors f = ad::load_safetensors(io.substr(7));
+    start = std::atoi(f.metadata.at("step").c_str());
+    for (const auto& q : dist_model.p) q.value().copy_from(f.at("model." + q.name()));
+    ad::NamedTensors st;
+    for (const auto& nt : f.tensors)
+      if (nt.first.rfind("optim.", 0) == 0) st.emplace_back(nt.first.substr(6), nt.second);
+    if (dist_opt.zero) dist_opt.zero->load_state(st);
+    else if (dist_opt.adam) dist_opt.adam->load_state(st);
+  }
   for (int s = 0; s < steps; ++s) {
     std::int64_t epoch = s / steps_per_epoch, k = s % steps_per_epoch;
     std::vector<std::int64_t> global, local;
@@ -209,12 +229,24 @@ void train(const ad::dist::Communicator& c, int steps, const std::string& policy
       if (q == r) local = part;
     }
     ad::Tensor x, y;
-    batch(X, Y, local, x, y);
-    {
-      ad::Graph g;
-      dist_opt.backward(dist_model.loss(g, x, y), pol);
+    if (s >= start) {
+      batch(X, Y, local, x, y);
+      {
+        ad::Graph g;
+        dist_opt.backward(dist_model.loss(g, x, y), pol);
+      }
+      dist_opt.step();
     }
-    dist_opt.step();
+    if (s + 1 == save_at) {
+      ad::NamedTensors st = dist_opt.zero ? dist_opt.zero->state() : dist_opt.adam->state();  // collective for ZeRO
+      if (r == 0) {
+        ad::NamedTensors all;
+        for (const auto& q : dist_model.p) all.emplace_back("model." + q.name(), q.value());
+        for (const auto& nt : st) all.emplace_back("optim." + nt.first, nt.second);
+        ad::save_safetensors(save_path, all, {{"step", std::to_string(save_at)}, {"world", std::to_string(p)}});
+      }
+      c.barrier();
+    }
     batch(X, Y, global, x, y);
     {
       ad::Graph g;
@@ -241,6 +273,7 @@ void train(const ad::dist::Communicator& c, int steps, const std::string& policy
     extra = fmt::format(" zero-state {} B of {} B unsharded (bound {} B)", z.state_bytes(), z.unsharded_state_bytes(),
                         bound);
   }
+  if (start > 0) extra += fmt::format(" resumed at step {}", start);
   fmt::print("rank {}: train {} steps policy {} optimizer {} worst-rel {:.3g}{} params-hash {:016x} {}\n", r, steps,
              policy_name, opt_kind, worst, extra, hash_params(dist_model), failures ? "FAILED" : "ok");
 }
@@ -278,7 +311,8 @@ int main(int argc, char** argv) {
     auto c = ad::dist::Communicator::from_env(opt);
     if (mode == "collectives") collectives(c);
     else if (mode == "train")
-      train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all", argc > 4 ? argv[4] : "sgd");
+      train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all", argc > 4 ? argv[4] : "sgd",
+            argc > 5 ? argv[5] : "");
     else if (mode == "kill") kill_one(c);
     else { fmt::print("unknown mode {}\n", mode); return 2; }
     c.barrier();

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # usage: run.sh <dist_check> <np> <mode> [args...]
+#        run.sh <dist_check> <np> resume <np-after>   (ZeRO-1 saved at step 25 with np ranks, resumed with np-after)
 # Runs dist_check under mpirun (as root if need be, oversubscribing the cores)
 # and checks what the mode promises:
 #   collectives | train ...: every rank prints "ok"; train runs twice and the
@@ -11,7 +12,20 @@ shift 3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 launch() { timeout 120 mpirun -np "$np" --mca orte_abort_on_non_zero_status 0 "$bin" "$mode" "$@" 2>&1; }
+launch_as() { local n=$1; shift; timeout 120 mpirun -np "$n" --mca orte_abort_on_non_zero_status 0 "$bin" "$@" 2>&1; }
 case "$mode" in
+  resume)
+    file=$(mktemp --suffix=.safetensors)
+    trap 'rm -f "$file"' EXIT
+    out=$(timeout 120 mpirun -np "$np" --mca orte_abort_on_non_zero_status 0 "$bin" train 50 keep_all zero "save:$file@25" 2>&1) \
+      || { echo "$out"; echo "FAIL: the saving run"; exit 1; }
+    echo "$out"
+    np0=$np np=$1
+    out=$(launch_as "$np" train 50 keep_all zero "resume:$file") || { echo "$out"; echo "FAIL: the resumed run"; exit 1; }
+    echo "$out"
+    [ "$(grep -c 'resumed at step 25 .* ok$' <<<"$out")" -eq "$np" ] || { echo "FAIL: not every resumed rank ok"; exit 1; }
+    echo "PASS: saved with $np0 ranks, resumed with $np, equal to uninterrupted single-process training"
+    ;;
   kill)
     out=$(launch "$@"); rc=$?
     echo "$out"
