@@ -8,6 +8,9 @@
 #include "ad/dtype.hpp"
 #include "ad/shape.hpp"
 #include "ops/pointwise.hpp"
+#include "ops/rows.hpp"
+
+#include <initializer_list>
 
 namespace ad::cuda_k {
 
@@ -43,5 +46,19 @@ namespace ad::cuda_k {
 // y = scale * sum of x over the dims where `keep` (same rank as xs) is 1 and
 // xs is not; y is laid out as `keep`. Accumulates in f64, in a fixed order.
 void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale);
+
+}  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- along one axis (src/cuda/rows.cu) ----
+// Rows of a tensor viewed as (outer, len, inner): row (o, i) holds elements
+// o * len * inner + i + j * inner, j < len.
+struct RowGeom {
+  std::int64_t outer, len, inner;
+};
+// Runs the row functor `op` of ops/rows.hpp on every row, one row per thread:
+// `in` are its input pointers in the functor's order, `out` its output.
+void for_rows(DType t, RowGeom g, rows::Op op, std::initializer_list<const void*> in, void* out);
 
 }  // namespace ad::cuda_k

@@ -6,6 +6,7 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/rows.hpp"
 #if AD_HAVE_CUDA
 #include "cuda/launch.hpp"
 #endif
@@ -107,18 +108,10 @@ Meta infer_axis_same(const InferArgs& a) {
   return a[0];
 }
 // Calls f(x_row, stride, len, out_index) for every row along the axis.
+AD_CUDA_ONLY(cuda_k::RowGeom geom(const Rows& r) { return {r.outer, r.len, r.inner}; })
 template <class F> void for_rows(const Rows& r, F f) {
   for (std::int64_t o = 0; o < r.outer; ++o)
     for (std::int64_t i = 0; i < r.inner; ++i) f(o * r.len * r.inner + i, r.inner, o * r.inner + i);
-}
-// Stable log-sum-exp of a strided row; -inf for an all -inf (or empty) row.
-template <class T> double row_lse(const T* x, std::int64_t base, std::int64_t stride, std::int64_t len) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = 0; j < len; ++j) m = std::max(m, static_cast<double>(x[base + j * stride]));
-  if (!std::isfinite(m)) return m;  // all -inf row -> -inf; a +inf entry -> +inf; NaN stays
-  double s = 0;
-  for (std::int64_t j = 0; j < len; ++j) s += std::exp(static_cast<double>(x[base + j * stride]) - m);
-  return m + std::log(s);
 }
 }  // namespace
 
@@ -244,18 +237,17 @@ void logsumexp_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "logsumexp", [&](auto t) {
     using T = decltype(t);
-    const T* x = k[0].data<T>();
-    T* y = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t o) {
-      y[o] = static_cast<T>(row_lse(x, base, stride, r.len));
-    });
+    for_rows(r, rows::Logsumexp<T>{k[0].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void logsumexp_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::logsumexp, {k[0].raw()}, k.out.raw());
+})
 void logsumexp_bwd(BackwardArgs& a) {
   a.grad[0] = make_node(OpId::logsumexp_backward, {a.in[0], a.out, a.dout}, a.attrs);
 }
 const OpDef op_def_logsumexp{.name = "logsumexp", .args = "x", .arity = 1, .infer = infer_logsumexp,
-                             .cpu = logsumexp_cpu, .backward = logsumexp_bwd, .saves = saves_input(0) | kSavesOutput};
+                             .cpu = logsumexp_cpu, .cuda = AD_CUDA_FN(logsumexp_cuda), .backward = logsumexp_bwd, .saves = saves_input(0) | kSavesOutput};
 Var logsumexp(const Operand& x, int axis, bool keepdim) {
   Shape s = operand_shape("logsumexp", x);
   Attrs at;
@@ -269,22 +261,15 @@ void logsumexp_backward_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "logsumexp_backward", [&](auto t) {
     using T = decltype(t);
-    const T* x = k[0].data<T>();
-    const T* y = k[1].data<T>();
-    const T* dy = k[2].data<T>();
-    T* dx = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t o) {
-      T yo = y[o], g = dy[o];
-      bool dead = yo == -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        std::int64_t i = base + j * stride;
-        dx[i] = dead ? T(0) : g * math::exp_(x[i] - yo);
-      }
-    });
+    for_rows(r, rows::LogsumexpBackward<T>{k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void logsumexp_backward_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::logsumexp_backward,
+                   {k[0].raw(), k[1].raw(), k[2].raw()}, k.out.raw());
+})
 const OpDef op_def_logsumexp_backward{.name = "logsumexp_backward", .args = "x,y,dy", .arity = 3,
-                                      .infer = infer_logsumexp_backward, .cpu = logsumexp_backward_cpu,
+                                      .infer = infer_logsumexp_backward, .cpu = logsumexp_backward_cpu, .cuda = AD_CUDA_FN(logsumexp_backward_cuda),
                                       .no_grad = "double backward is not supported"};
 
 // ---- softmax ----  exp(x - lse) along axis; all -inf row -> 0; saves output
@@ -292,28 +277,14 @@ void softmax_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "softmax", [&](auto t) {
     using T = decltype(t);
-    const T* x = k[0].data<T>();
-    T* y = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < r.len; ++j) m = std::max(m, x[base + j * stride]);
-      if (m == -std::numeric_limits<T>::infinity()) {
-        for (std::int64_t j = 0; j < r.len; ++j) y[base + j * stride] = T(0);
-        return;
-      }
-      double s = 0;
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        T e = math::exp_(x[base + j * stride] - m);
-        y[base + j * stride] = e;
-        s += static_cast<double>(e);
-      }
-      T inv = static_cast<T>(1.0 / s);
-      for (std::int64_t j = 0; j < r.len; ++j) y[base + j * stride] *= inv;
-    });
+    for_rows(r, rows::Softmax<T>{k[0].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void softmax_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::softmax, {k[0].raw()}, k.out.raw());
+})
 void softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::softmax_backward, {a.out, a.dout}, a.attrs); }
-const OpDef op_def_softmax{.name = "softmax", .args = "x", .arity = 1, .infer = infer_axis_same, .cpu = softmax_cpu,
+const OpDef op_def_softmax{.name = "softmax", .args = "x", .arity = 1, .infer = infer_axis_same, .cpu = softmax_cpu, .cuda = AD_CUDA_FN(softmax_cuda),
                            .backward = softmax_bwd, .saves = kSavesOutput};
 Var softmax(const Operand& x, int axis) {
   Shape s = operand_shape("softmax", x);
@@ -331,22 +302,14 @@ void softmax_backward_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "softmax_backward", [&](auto t) {
     using T = decltype(t);
-    const T* y = k[0].data<T>();
-    const T* dy = k[1].data<T>();
-    T* dx = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
-      double s = 0;
-      for (std::int64_t j = 0; j < r.len; ++j) s += static_cast<double>(dy[base + j * stride]) * y[base + j * stride];
-      T st = static_cast<T>(s);
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        std::int64_t i = base + j * stride;
-        dx[i] = y[i] * (dy[i] - st);
-      }
-    });
+    for_rows(r, rows::SoftmaxBackward<T>{k[0].data<T>(), k[1].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void softmax_backward_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::softmax_backward, {k[0].raw(), k[1].raw()}, k.out.raw());
+})
 const OpDef op_def_softmax_backward{.name = "softmax_backward", .args = "y,dy", .arity = 2,
-                                    .infer = infer_softmax_backward, .cpu = softmax_backward_cpu,
+                                    .infer = infer_softmax_backward, .cpu = softmax_backward_cpu, .cuda = AD_CUDA_FN(softmax_backward_cuda),
                                     .no_grad = "double backward is not supported"};
 
 // ---- log_softmax ----  x - lse along axis; all -inf row -> -inf; saves output
@@ -354,21 +317,15 @@ void log_softmax_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "log_softmax", [&](auto t) {
     using T = decltype(t);
-    const T* x = k[0].data<T>();
-    T* y = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
-      double lse = row_lse(x, base, stride, r.len);
-      bool dead = lse == -std::numeric_limits<double>::infinity();
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        std::int64_t i = base + j * stride;
-        y[i] = dead ? -std::numeric_limits<T>::infinity() : static_cast<T>(static_cast<double>(x[i]) - lse);
-      }
-    });
+    for_rows(r, rows::LogSoftmax<T>{k[0].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void log_softmax_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::log_softmax, {k[0].raw()}, k.out.raw());
+})
 void log_softmax_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::log_softmax_backward, {a.out, a.dout}, a.attrs); }
 const OpDef op_def_log_softmax{.name = "log_softmax", .args = "x", .arity = 1, .infer = infer_axis_same,
-                               .cpu = log_softmax_cpu, .backward = log_softmax_bwd, .saves = kSavesOutput};
+                               .cpu = log_softmax_cpu, .cuda = AD_CUDA_FN(log_softmax_cuda), .backward = log_softmax_bwd, .saves = kSavesOutput};
 Var log_softmax(const Operand& x, int axis) {
   Shape s = operand_shape("log_softmax", x);
   Attrs at;
@@ -380,26 +337,14 @@ void log_softmax_backward_cpu(const KernelArgs& k) {
   Rows r = rows_of(k[0].shape(), k.attrs.axis);
   kernels::dispatch_float(k.out.dtype(), "log_softmax_backward", [&](auto t) {
     using T = decltype(t);
-    const T* y = k[0].data<T>();
-    const T* dy = k[1].data<T>();
-    T* dx = k.out.data<T>();
-    for_rows(r, [&](std::int64_t base, std::int64_t stride, std::int64_t) {
-      double s = 0;
-      bool dead = true;
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        s += static_cast<double>(dy[base + j * stride]);
-        dead = dead && y[base + j * stride] == -std::numeric_limits<T>::infinity();
-      }
-      T st = static_cast<T>(s);
-      for (std::int64_t j = 0; j < r.len; ++j) {
-        std::int64_t i = base + j * stride;
-        dx[i] = dead ? T(0) : dy[i] - math::exp_(y[i]) * st;
-      }
-    });
+    for_rows(r, rows::LogSoftmaxBackward<T>{k[0].data<T>(), k[1].data<T>(), k.out.data<T>(), r.len});
   });
 }
+AD_CUDA_ONLY(void log_softmax_backward_cuda(const KernelArgs& k) {
+  cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::log_softmax_backward, {k[0].raw(), k[1].raw()}, k.out.raw());
+})
 const OpDef op_def_log_softmax_backward{.name = "log_softmax_backward", .args = "y,dy", .arity = 2,
-                                        .infer = infer_softmax_backward, .cpu = log_softmax_backward_cpu,
+                                        .infer = infer_softmax_backward, .cpu = log_softmax_backward_cpu, .cuda = AD_CUDA_FN(log_softmax_backward_cuda),
                                         .no_grad = "double backward is not supported"};
 
 }  // namespace ad
