@@ -3,10 +3,9 @@
 // ad::attention and a GELU MLP, final norm, LM head) on a synthetic
 // algorithmic language made here:  BOS x1 .. xL SEP y1 .. yL  where y is x
 // sorted (--task sort, the default) or reversed (--task reverse), x random
-// digits (L = 12 by default). The
-// loss is next-token cross-entropy on the y part. Held-out strings (a fixed
-// hash class, never drawn for training) are decoded greedily at the end and
-// scored by exact match.
+// digits (L = 12 by default). The loss is next-token cross-entropy on the y
+// part. Held-out strings (a fixed hash class, never drawn for training) are
+// decoded greedily at the end and scored by exact match.
 //
 //   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
