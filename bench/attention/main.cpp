@@ -3,7 +3,8 @@
 //   1. peak bytes of forward + backward for N from 1K to 32K (d = 64, H = 8,
 //      B = 1, causal, f32): predicted by the planner for every N, measured
 //      where the run is allowed (N <= --run-max); the composed version under
-//      policy::budget(--cap-mib) — "over budget" where no schedule fits;
+//      policy::budget(--cap-mib), run where a schedule fits (and N <= --run-max),
+//      "over budget" where none does;
 //   2. CPU throughput of forward and backward (f32), FLOPs counted as
 //      4 B H N^2 d forward (half for causal) and 2.5x that for backward, as
 //      a fraction of cblas_sgemm throughput (2048^3) measured in the same run.
@@ -38,7 +39,7 @@ double median(std::vector<double> v) {
 struct Options {
   bool json = false, quick = false;
   int threads = 0;  // OpenBLAS threads for the sgemm reference; 0: hardware threads
-  std::int64_t run_max = 4096, n_max = 32768, cap_mib = 4096;
+  std::int64_t run_max = 32768, n_max = 32768, cap_mib = 4096;
   std::string only;      // "", "memory", "speed"
   std::int64_t n = 0;    // speed: this N only (0: 1024, 2048, 4096)
   bool composed = true;  // speed: also time the composed version (N <= 2048)

@@ -33,19 +33,32 @@ void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T al
     cblas_dgemm(CblasRowMajor, TA, TB, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
 }
 
+// The row loops below (the O(N^2) non-GEMM work) are compiled twice on
+// x86-64, for AVX2 and for the baseline, and picked at load time. Without
+// -ffp-contract (ISO C++ mode) both do the same IEEE operations in the same
+// order: identical bits whichever runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define AD_ATTN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#else
+#define AD_ATTN_CLONES
+#endif
+
 // Row reductions in 16 fixed lanes: vectorisable without reassociating
 // (-ffast-math is not used), and the same order on every run.
 constexpr int kLanes = 16;
 
-template <class T> T row_max(const T* x, std::int64_t n) {
+template <class T> AD_HD T max_of(T a, T b) { return a > b ? a : b; }
+AD_HD float max_of(float a, float b) { return math::select(a > b, a, b); }  // branch-free: vectorises
+
+template <class T> T row_max_t(const T* x, std::int64_t n) {
   T acc[kLanes];
   for (int l = 0; l < kLanes; ++l) acc[l] = -std::numeric_limits<T>::infinity();
   std::int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-  for (; i < n; ++i) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    for (int l = 0; l < kLanes; ++l) acc[l] = max_of(x[i + l], acc[l]);
+  for (; i < n; ++i) acc[0] = max_of(x[i], acc[0]);
   T m = acc[0];
-  for (int l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  for (int l = 1; l < kLanes; ++l) m = max_of(acc[l], m);
   return m;
 }
 
@@ -71,19 +84,31 @@ template <class T> T lane_dot(const T* x, const T* y, std::int64_t n) {
   return s;
 }
 
-// Forward row step: s[0..n) <- e^{s - m}, s[n..cb) <- 0.
-template <class T> void exp_shift(T* s, std::int64_t n, std::int64_t cb, T m) {
+// Forward row step: s[0..n) <- e^{s - m}, s[n..cb) <- 0; returns the sum of s[0..n).
+template <class T> T exp_shift_t(T* s, std::int64_t n, std::int64_t cb, T m) {
   for (std::int64_t c = 0; c < n; ++c) s[c] = math::exp_(s[c] - m);
   for (std::int64_t c = n; c < cb; ++c) s[c] = T(0);
+  return lane_sum(s, n);
 }
 // Backward row step: s[0..n) <- P = e^{s - lse}, s[n..cb) <- 0.
-template <class T> void probs(T* s, std::int64_t n, std::int64_t cb, T lse) {
+template <class T> void probs_t(T* s, std::int64_t n, std::int64_t cb, T lse) {
   for (std::int64_t c = 0; c < n; ++c) s[c] = prob(s[c], lse);
   for (std::int64_t c = n; c < cb; ++c) s[c] = T(0);
 }
-template <class T> void dscores(T* p, const T* dp, std::int64_t cb, T dd) {
+template <class T> void dscores_t(T* p, const T* dp, std::int64_t cb, T dd) {
   for (std::int64_t c = 0; c < cb; ++c) p[c] = dscore(p[c], dp[c], dd);
 }
+
+// f32: the multi-versioned entry points; f64: the templates as they are.
+AD_ATTN_CLONES float row_max(const float* x, std::int64_t n) { return row_max_t(x, n); }
+AD_ATTN_CLONES float exp_shift(float* s, std::int64_t n, std::int64_t cb, float m) { return exp_shift_t(s, n, cb, m); }
+AD_ATTN_CLONES void probs(float* s, std::int64_t n, std::int64_t cb, float lse) { probs_t(s, n, cb, lse); }
+AD_ATTN_CLONES void dscores(float* p, const float* dp, std::int64_t cb, float dd) { dscores_t(p, dp, cb, dd); }
+double row_max(const double* x, std::int64_t n) { return row_max_t(x, n); }
+double exp_shift(double* s, std::int64_t n, std::int64_t cb, double m) { return exp_shift_t(s, n, cb, m); }
+void probs(double* s, std::int64_t n, std::int64_t cb, double lse) { probs_t(s, n, cb, lse); }
+void dscores(double* p, const double* dp, std::int64_t cb, double dd) { dscores_t(p, dp, cb, dd); }
+
 template <class T> void scale_row(T* x, std::int64_t n, T a) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= a;
 }
@@ -192,8 +217,7 @@ void forward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const std::
           if (n == 0) { std::fill(s, s + cb, T(0)); continue; }
           const T mn = online_max(m[r], row_max(s, n));
           const T a = online_rescale(m[r], mn);
-          exp_shift(s, n, cb, mn);
-          l[r] = l[r] * a + lane_sum(s, n);
+          l[r] = l[r] * a + exp_shift(s, n, cb, mn);
           m[r] = mn;
           if (a != T(1)) scale_row(Oi + r * d, d, a);
         }
