@@ -105,7 +105,7 @@ const OpDef op_def_attention{
     }};
 
 Var attention(const Operand& q, const Operand& k, const Operand& v, const AttentionOptions& options) {
-  const Shape& qs = operand_shape("attention", q);
+  const Shape qs = operand_shape("attention", q);  // a copy: building nodes may move the graph's metas
   Attrs at;
   at.causal = options.causal;
   if (options.scale) {
