@@ -5,7 +5,8 @@
 // sorted (--task sort, the default) or reversed (--task reverse), x random
 // digits (L = 12 by default). The loss is next-token cross-entropy on the y
 // part. Held-out strings (a fixed hash class, never drawn for training) are
-// decoded greedily at the end and scored by exact match.
+// decoded greedily at the end and scored by exact match. Exits 3 if a step's
+// measured peak ever differs from the predicted one.
 //
 //   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
@@ -224,6 +225,7 @@ int main(int argc, char** argv) {
     const ad::Tensor pick = ad::Tensor::from(std::span<const std::int64_t>(rows), {o.batch * L});
 
     Adam opt;
+    bool peaks_agree = true;  // predicted == measured on every step (CPU sizes are exact)
     double loss_acc = 0, ms_acc = 0;
     std::int64_t n_acc = 0;
     const auto t_start = std::chrono::steady_clock::now();
@@ -240,6 +242,7 @@ int main(int argc, char** argv) {
       ad::Var picked = ad::gather(ad::reshape(logits, {-1, kVocab}), g.input(pick), 0);
       ad::Var loss = ad::cross_entropy(picked, g.input(labels));
       ad::Report r = ad::backward(loss, policy);
+      peaks_agree = peaks_agree && r.predicted_peak_bytes == r.measured_peak_bytes;
       opt.step(model.params.all);
       ms_acc += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       loss_acc += loss.value().item();
@@ -263,6 +266,10 @@ int main(int argc, char** argv) {
     fmt::print("trained {} steps in {:.1f} s; held-out {} sequences, greedy decoding: exact match {:.1f} %, "
                "digits {:.1f} %\n",
                o.steps, train_s, o.eval_n, 100 * exact, 100 * per_digit);
+    if (!peaks_agree) {
+      std::fprintf(stderr, "error: a step's measured peak differed from the predicted one\n");
+      return 3;
+    }
   } catch (const ad::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
