@@ -3,7 +3,8 @@
 // gradients of q, k, v — causal and not, padding, grouped-query heads,
 // Nq != Nk, sizes that are not multiples of the tiles; f32 against f64;
 // fully masked rows; misuse; memory linear in N (predicted == measured);
-// determinism. Gradcheck cases are registered for tests/gradcheck.cpp.
+// determinism (repeat runs, remat policies, 1/2/3 kernel threads). Gradcheck
+// cases are registered for tests/gradcheck.cpp.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -371,4 +372,34 @@ TEST_CASE("attention: runs are bit-identical, and remat policies match keep_all"
   check_bitwise(a, b);
   check_bitwise(a, grads(policy::sqrt_n()));
   check_bitwise(a, grads(policy::uniform(2)));
+}
+
+TEST_CASE("attention: kernels give the same bits for 1, 2 and 3 threads") {
+  // the kernels directly (the op picks its own thread count): f32, GQA, causal, padding
+  attn::Dims dm;
+  dm.B = 2; dm.H = 4; dm.Hkv = 2; dm.Nq = 150; dm.Nk = 130; dm.d = 32; dm.causal = true;
+  dm.scale = 0.2;
+  const std::vector<std::int64_t> lens{130, 77};
+  Rng rng(5);
+  const std::int64_t nq = dm.B * dm.H * dm.Nq * dm.d, nk = dm.B * dm.Hkv * dm.Nk * dm.d, nl = dm.B * dm.H * dm.Nq;
+  Tensor q = Tensor::randn({nq}, rng), k = Tensor::randn({nk}, rng), v = Tensor::randn({nk}, rng);
+  Tensor dout = Tensor::randn({nq}, rng), dlse = Tensor::randn({nl}, rng, DType::f32, 0, 0.1);
+  auto run_with = [&](int threads) {
+    dm.threads = threads;
+    std::vector<float> ws(static_cast<std::size_t>(
+        std::max(attn::forward_workspace_bytes(dm, 4), attn::backward_workspace_bytes(dm, 4)) / 4));
+    Tensor o = Tensor::empty({nq}), lse = Tensor::empty({nl}), g = Tensor::empty({nq + 2 * nk});
+    attn::forward_cpu<float>(dm, q.data<float>(), k.data<float>(), v.data<float>(), lens.data(), o.data<float>(),
+                             lse.data<float>(), ws.data());
+    float* gp = g.data<float>();
+    attn::backward_cpu<float>(dm, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(), lse.data<float>(),
+                              dout.data<float>(), dlse.data<float>(), lens.data(), gp, gp + nq, gp + nq + nk,
+                              ws.data());
+    return std::vector<Tensor>{o, lse, g};
+  };
+  auto one = run_with(1);
+  CHECK(all_finite(one[0]));
+  CHECK(all_finite(one[2]));
+  check_bitwise(one, run_with(2));
+  check_bitwise(one, run_with(3));
 }

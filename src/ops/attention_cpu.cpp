@@ -172,6 +172,7 @@ double visible_pairs(const Dims& dm) {
 }
 
 int threads_for(const Dims& dm, bool backward) {
+  if (dm.threads > 0) return dm.threads;
   std::int64_t units = backward ? dm.B * dm.Hkv : dm.B * dm.H;
   double work = visible_pairs(dm) * static_cast<double>(dm.B * dm.H * dm.d);
   if (work < double(1 << 20) || units <= 1) return 1;  // a thread costs more than it saves

@@ -11,6 +11,7 @@ struct Dims {
   std::int64_t B = 0, H = 0, Hkv = 0, Nq = 0, Nk = 0, d = 0;
   bool causal = false;
   double scale = 1;
+  int threads = 0;  // worker threads; 0: threads_for() (what the op uses). Tests set it.
   std::int64_t group() const { return Hkv ? H / Hkv : 1; }  // query heads per key/value head
 };
 
@@ -24,9 +25,9 @@ Tiles tiles_for(std::int64_t d);
 // it); key lengths are data, not counted. The cost model's unit.
 double visible_pairs(const Dims& dm);
 
-// Worker threads for a kernel: min(hardware threads, independent units),
-// 1 for small problems. A function of the shapes only (the workspace, which
-// the planner counts, depends on it).
+// Worker threads for a kernel: dm.threads if set, else min(hardware threads,
+// independent units), 1 for small problems. A function of the shapes only
+// (the workspace, which the planner counts, depends on it).
 int threads_for(const Dims& dm, bool backward);
 
 // Scratch bytes of the kernels (tile buffers per thread).
