@@ -403,3 +403,17 @@ TEST_CASE("attention: kernels give the same bits for 1, 2 and 3 threads") {
   check_bitwise(one, run_with(2));
   check_bitwise(one, run_with(3));
 }
+
+TEST_CASE("attention: the cost model counts the visible pairs exactly") {
+  for (std::int64_t nq = 0; nq <= 9; ++nq)
+    for (std::int64_t nk = 0; nk <= 9; ++nk)
+      for (bool causal : {false, true}) {
+        attn::Dims dm;
+        dm.Nq = nq; dm.Nk = nk; dm.causal = causal;
+        std::int64_t brute = 0;
+        for (std::int64_t i = 0; i < nq; ++i)
+          for (std::int64_t j = 0; j < nk; ++j) brute += !causal || j <= i + (nk - nq);
+        INFO("Nq=" << nq << " Nk=" << nk << " causal=" << causal);
+        CHECK(attn::visible_pairs(dm) == static_cast<double>(brute));
+      }
+}
