@@ -7,7 +7,8 @@
 //      "over budget" where none does;
 //   2. CPU throughput of forward and backward (f32), FLOPs counted as
 //      4 B H N^2 d forward (half for causal) and 2.5x that for backward, as
-//      a fraction of cblas_sgemm throughput (2048^3) measured in the same run.
+//      a fraction of cblas_sgemm throughput (2048^3) measured in the same run,
+//      right before each row.
 //
 //   bench_attention [--json] [--quick] [--threads T] [--run-max N] [--n-max N] [--cap-mib M]
 //                   [--only memory|speed] [--n N] [--no-composed]
@@ -154,9 +155,11 @@ struct SpeedRow {
   bool composed;
   double fwd_ms = 0, step_ms = 0;  // forward alone; forward + backward
   double fwd_gflop = 0, bwd_gflop = 0;
+  double ref = 0;  // sgemm GFLOP/s measured right before this row (the load on a shared machine drifts)
 };
 SpeedRow speed_row(std::int64_t n, bool causal, bool composed, int samples) {
   SpeedRow r{n, causal, composed};
+  r.ref = sgemm_gflops(5);
   r.fwd_gflop = 4.0 * kB * kH * double(n) * double(n) * kD * (causal ? 0.5 : 1.0) * 1e-9;
   r.bwd_gflop = 2.5 * r.fwd_gflop;
   std::vector<double> f, t;
@@ -242,10 +245,10 @@ int main(int argc, char** argv) {
         const auto& r = speed[i];
         double bwd_ms = r.step_ms - r.fwd_ms;
         j += fmt::format("{}\n    {{\"N\": {}, \"causal\": {}, \"impl\": \"{}\", \"fwd_ms\": {:.3f}, \"step_ms\": {:.3f}, "
-                         "\"fwd_gflops\": {:.2f}, \"bwd_gflops\": {:.2f}, \"step_gflops\": {:.2f}}}",
+                         "\"fwd_gflops\": {:.2f}, \"bwd_gflops\": {:.2f}, \"step_gflops\": {:.2f}, \"sgemm_gflops\": {:.2f}}}",
                          i ? "," : "", r.n, r.causal, r.composed ? "composed" : "fused", r.fwd_ms, r.step_ms,
                          r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3),
-                         (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3));
+                         (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3), r.ref);
       }
       j += "\n  ]\n}\n";
       fmt::print("{}", j);
@@ -264,14 +267,16 @@ int main(int argc, char** argv) {
                  r.comp_status, r.comp_meas >= 0 ? mib(double(r.comp_meas)) : "-",
                  double(r.comp_pred) / double(r.fused_pred));
     fmt::print("\n## CPU throughput (f32, B={}, H={}, d={}), {} threads\n\n", kB, kH, kD, threads);
-    fmt::print("sgemm 2048^3 reference: {:.1f} GFLOP/s (before), {:.1f} GFLOP/s (after)\n\n", ref, ref_after);
-    fmt::print("| N | causal | impl | fwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s | fwd+bwd / sgemm |\n"
-               "|---|---|---|---|---|---|---|---|---|\n");
+    fmt::print("sgemm 2048^3 reference: {:.1f} GFLOP/s (before all rows), {:.1f} GFLOP/s (after); each row is "
+               "compared with an sgemm measured right before it\n\n",
+               ref, ref_after);
+    fmt::print("| N | causal | impl | fwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s | sgemm GFLOP/s | "
+               "fwd+bwd / sgemm |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : speed) {
       double bwd_ms = r.step_ms - r.fwd_ms, total = (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3);
-      fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} % |\n", r.n, r.causal ? "yes" : "no",
-                 r.composed ? "composed" : "attention op", r.fwd_ms, r.step_ms, r.fwd_gflop / (r.fwd_ms * 1e-3),
-                 r.bwd_gflop / (bwd_ms * 1e-3), total, 100.0 * total / ref);
+      fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} % |\n", r.n,
+                 r.causal ? "yes" : "no", r.composed ? "composed" : "attention op", r.fwd_ms, r.step_ms,
+                 r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3), total, r.ref, 100.0 * total / r.ref);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
