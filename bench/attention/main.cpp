@@ -255,28 +255,32 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    fmt::print("## Peak bytes of forward + backward (B={}, H={}, d={}, causal, f32)\n\n", kB, kH, kD);
-    fmt::print("Composed = matmul, softmax, matmul with an N x N mask, under policy::budget({} MiB); measured only for "
-               "N <= {}.\n\n",
-               o.cap_mib, o.run_max);
-    fmt::print("| N | attention op: predicted MiB | measured MiB | bytes / N | composed keep_all predicted MiB | "
-               "composed under budget | composed measured MiB | composed / op |\n|---|---|---|---|---|---|---|---|\n");
-    for (const auto& r : mem)
-      fmt::print("| {} | {} | {} | {} | {} | {} | {} | {:.1f} |\n", r.n, mib(double(r.fused_pred)),
-                 r.fused_meas >= 0 ? mib(double(r.fused_meas)) : "not run", r.fused_pred / r.n, mib(double(r.comp_pred)),
-                 r.comp_status, r.comp_meas >= 0 ? mib(double(r.comp_meas)) : "-",
-                 double(r.comp_pred) / double(r.fused_pred));
-    fmt::print("\n## CPU throughput (f32, B={}, H={}, d={}), {} threads\n\n", kB, kH, kD, threads);
-    fmt::print("sgemm 2048^3 reference: {:.1f} GFLOP/s (before all rows), {:.1f} GFLOP/s (after); each row is "
-               "compared with an sgemm measured right before it\n\n",
-               ref, ref_after);
-    fmt::print("| N | causal | impl | fwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s | sgemm GFLOP/s | "
-               "fwd+bwd / sgemm |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& r : speed) {
-      double bwd_ms = r.step_ms - r.fwd_ms, total = (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3);
-      fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} % |\n", r.n,
-                 r.causal ? "yes" : "no", r.composed ? "composed" : "attention op", r.fwd_ms, r.step_ms,
-                 r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3), total, r.ref, 100.0 * total / r.ref);
+    if (!mem.empty()) {
+      fmt::print("## Peak bytes of forward + backward (B={}, H={}, d={}, causal, f32)\n\n", kB, kH, kD);
+      fmt::print("Composed = matmul, softmax, matmul with an N x N mask, under policy::budget({} MiB); measured only for "
+                 "N <= {}.\n\n",
+                 o.cap_mib, o.run_max);
+      fmt::print("| N | attention op: predicted MiB | measured MiB | bytes / N | composed keep_all predicted MiB | "
+                 "composed under budget | composed measured MiB | composed / op |\n|---|---|---|---|---|---|---|---|\n");
+      for (const auto& r : mem)
+        fmt::print("| {} | {} | {} | {} | {} | {} | {} | {:.1f} |\n", r.n, mib(double(r.fused_pred)),
+                   r.fused_meas >= 0 ? mib(double(r.fused_meas)) : "not run", r.fused_pred / r.n, mib(double(r.comp_pred)),
+                   r.comp_status, r.comp_meas >= 0 ? mib(double(r.comp_meas)) : "-",
+                   double(r.comp_pred) / double(r.fused_pred));
+    }
+    if (!speed.empty()) {
+      fmt::print("\n## CPU throughput (f32, B={}, H={}, d={}), {} threads\n\n", kB, kH, kD, threads);
+      fmt::print("sgemm 2048^3 reference: {:.1f} GFLOP/s (before all rows), {:.1f} GFLOP/s (after); each row is "
+                 "compared with an sgemm measured right before it\n\n",
+                 ref, ref_after);
+      fmt::print("| N | causal | impl | fwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s | sgemm GFLOP/s | "
+                 "fwd+bwd / sgemm |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      for (const auto& r : speed) {
+        double bwd_ms = r.step_ms - r.fwd_ms, total = (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3);
+        fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} % |\n", r.n,
+                   r.causal ? "yes" : "no", r.composed ? "composed" : "attention op", r.fwd_ms, r.step_ms,
+                   r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3), total, r.ref, 100.0 * total / r.ref);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
