@@ -1,5 +1,6 @@
 #pragma once
 // ad — a C++ autodiff engine with built-in rematerialisation. One include.
+#include "ad/attention.hpp"
 #include "ad/autodiff.hpp"
 #include "ad/cuda.hpp"
 #include "ad/dist.hpp"

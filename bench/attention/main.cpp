@@ -1,0 +1,290 @@
+// bench_attention: the attention op (tiled, O(N d) memory) against the same
+// attention composed from core ops (matmul, softmax, matmul: N x N scores).
+//   1. peak bytes of forward + backward for N from 1K to 32K (d = 64, H = 8,
+//      B = 1, causal, f32): predicted by the planner for every N, measured
+//      where the run is allowed (N <= --run-max); the composed version under
+//      policy::budget(--cap-mib), run where a schedule fits (and N <= --run-max),
+//      "over budget" where none does;
+//   2. CPU throughput of forward and backward (f32), FLOPs counted as
+//      4 B H N^2 d forward (half for causal) and 2.5x that for backward, as
+//      a fraction of cblas_sgemm throughput (2048^3) measured in the same run,
+//      right before each row.
+//
+//   bench_attention [--json] [--quick] [--threads T] [--run-max N] [--n-max N] [--cap-mib M]
+//                   [--only memory|speed] [--n N] [--no-composed]
+#include <cblas.h>
+
+#include <ad/ad.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Options {
+  bool json = false, quick = false;
+  int threads = 0;  // OpenBLAS threads for the sgemm reference; 0: hardware threads
+  std::int64_t run_max = 32768, n_max = 32768, cap_mib = 4096;
+  std::string only;      // "", "memory", "speed"
+  std::int64_t n = 0;    // speed: this N only (0: 1024, 2048, 4096)
+  bool composed = true;  // speed: also time the composed version (N <= 2048)
+  bool run(const char* part) const { return only.empty() || only == part; }
+};
+
+constexpr std::int64_t kB = 1, kH = 8, kD = 64;
+
+// One step's graph: q, k, v parameters [B, H, N, d], loss = sum(attention(q, k, v) * w).
+struct Step {
+  ad::Graph g;
+  ad::Parameter q, k, v;
+  ad::Var out, loss;
+};
+void build(Step& s, std::int64_t n, bool causal, bool composed, std::uint64_t seed) {
+  ad::Rng rng(seed);
+  s.q = ad::Parameter::randn({kB, kH, n, kD}, rng);
+  s.k = ad::Parameter::randn({kB, kH, n, kD}, rng);
+  s.v = ad::Parameter::randn({kB, kH, n, kD}, rng);
+  ad::Var q = s.g.param(s.q), k = s.g.param(s.k), v = s.g.param(s.v);
+  if (composed) {
+    ad::Var sc = ad::mul_scalar(ad::matmul(q, k, false, true), 1.0 / std::sqrt(double(kD)));  // [B,H,N,N]
+    if (causal) {
+      ad::Tensor m = ad::Tensor::zeros({1, 1, n, n});
+      float* p = m.data<float>();
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = i + 1; j < n; ++j) p[i * n + j] = -INFINITY;
+      sc = ad::add(sc, s.g.input(m));
+    }
+    s.out = ad::matmul(ad::softmax(sc, -1), v);
+  } else {
+    ad::AttentionOptions o;
+    o.causal = causal;
+    s.out = ad::attention(q, k, v, o);
+  }
+  s.loss = ad::sum(ad::mul(s.out, s.g.input(ad::Tensor::randn(s.out.shape(), rng))));
+}
+
+std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / (1 << 20)); }
+
+// ---- 1. memory ----
+struct MemRow {
+  std::int64_t n;
+  std::int64_t fused_pred = 0, fused_meas = -1;  // -1: not run
+  std::int64_t comp_pred = 0, comp_meas = -1;
+  std::string comp_status;                       // "ran", "over budget (needs >= X MiB)", "not run (N > run-max)"
+};
+MemRow memory_row(std::int64_t n, const Options& o) {
+  MemRow r;
+  r.n = n;
+  const bool run = n <= o.run_max;
+  {
+    Step s;
+    build(s, n, true, false, 1);
+    r.fused_pred = ad::plan_backward(s.loss, ad::policy::keep_all()).schedule.predicted_peak_bytes;
+    if (run) {
+      ad::Report rep = ad::backward(s.loss, ad::policy::keep_all());
+      r.fused_meas = rep.measured_peak_bytes;
+    }
+  }
+  {
+    Step s;
+    build(s, n, true, true, 1);
+    r.comp_pred = ad::plan_backward(s.loss, ad::policy::keep_all()).schedule.predicted_peak_bytes;
+    const std::int64_t cap = o.cap_mib << 20;
+    ad::Policy pol = ad::policy::budget(cap);
+    try {
+      ad::Plan p = ad::plan_backward(s.loss, pol);
+      if (!run) {
+        r.comp_status = fmt::format("fits ({} MiB), not run: N > run-max", mib(double(p.schedule.predicted_peak_bytes)));
+      } else {
+        ad::Report rep = ad::backward(s.loss, pol);
+        r.comp_meas = rep.measured_peak_bytes;
+        r.comp_status = "ran";
+      }
+    } catch (const ad::Error& e) {
+      std::string msg = e.what();
+      auto at = msg.find("minimum feasible peak of ");
+      std::string need;
+      if (at != std::string::npos) {
+        std::int64_t v = std::atoll(msg.c_str() + at + 25);
+        need = fmt::format(" (needs >= {} MiB)", mib(double(v)));
+      }
+      r.comp_status = "over budget" + need;
+    }
+  }
+  return r;
+}
+
+// ---- 2. throughput ----
+double sgemm_gflops(int samples) {
+  const int n = 2048;
+  ad::Rng rng(3);
+  ad::Tensor a = ad::Tensor::randn({n, n}, rng), b = ad::Tensor::randn({n, n}, rng), c = ad::Tensor::empty({n, n});
+  auto once = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
+                c.data<float>(), n);
+  };
+  once();
+  std::vector<double> v;
+  for (int s = 0; s < samples; ++s) {
+    auto t = Clock::now();
+    once();
+    v.push_back(ms_since(t));
+  }
+  return 2.0 * n * double(n) * n / (median(v) * 1e6);
+}
+
+struct SpeedRow {
+  std::int64_t n;
+  bool causal;
+  bool composed;
+  double fwd_ms = 0, step_ms = 0;  // forward alone; forward + backward
+  double fwd_gflop = 0, bwd_gflop = 0;
+  double ref = 0;  // sgemm GFLOP/s measured right before this row (the load on a shared machine drifts)
+};
+SpeedRow speed_row(std::int64_t n, bool causal, bool composed, int samples) {
+  SpeedRow r{n, causal, composed};
+  r.ref = sgemm_gflops(5);
+  r.fwd_gflop = 4.0 * kB * kH * double(n) * double(n) * kD * (causal ? 0.5 : 1.0) * 1e-9;
+  r.bwd_gflop = 2.5 * r.fwd_gflop;
+  std::vector<double> f, t;
+  for (int s = 0; s < samples + 1; ++s) {  // the first run warms up
+    {
+      Step st;
+      build(st, n, causal, composed, 7);
+      auto t0 = Clock::now();
+      ad::eval(st.out);
+      if (s) f.push_back(ms_since(t0));
+    }
+    {
+      Step st;
+      build(st, n, causal, composed, 7);
+      auto t0 = Clock::now();
+      ad::backward(st.loss, ad::policy::keep_all());
+      if (s) t.push_back(ms_since(t0));
+    }
+  }
+  r.fwd_ms = median(f);
+  r.step_ms = median(t);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") o.json = true;
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--threads" && i + 1 < argc) o.threads = std::atoi(argv[++i]);
+    else if (a == "--run-max" && i + 1 < argc) o.run_max = std::atoll(argv[++i]);
+    else if (a == "--n-max" && i + 1 < argc) o.n_max = std::atoll(argv[++i]);
+    else if (a == "--cap-mib" && i + 1 < argc) o.cap_mib = std::atoll(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
+    else if (a == "--n" && i + 1 < argc) o.n = std::atoll(argv[++i]);
+    else if (a == "--no-composed") o.composed = false;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--json] [--quick] [--threads T] [--run-max N] [--n-max N] [--cap-mib M]\n"
+                   "       [--only memory|speed] [--n N] [--no-composed]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    unsigned hw = std::thread::hardware_concurrency();
+    const int threads = o.threads > 0 ? o.threads : static_cast<int>(hw ? hw : 1);
+    openblas_set_num_threads(threads);
+    const int samples = o.quick ? 1 : 3;
+
+    std::vector<MemRow> mem;
+    if (o.run("memory"))
+      for (std::int64_t n = 1024; n <= o.n_max; n *= 2) mem.push_back(memory_row(n, o));
+
+    const double ref = sgemm_gflops(o.quick ? 3 : 7);
+    std::vector<SpeedRow> speed;
+    std::vector<std::int64_t> ns = o.quick ? std::vector<std::int64_t>{1024} : std::vector<std::int64_t>{1024, 2048, 4096};
+    if (o.n > 0) ns = {o.n};
+    if (o.run("speed"))
+      for (bool causal : {false, true})
+        for (std::int64_t n : ns) {
+          if (n > o.run_max) continue;
+          speed.push_back(speed_row(n, causal, false, samples));
+          if (o.composed && n <= 2048) speed.push_back(speed_row(n, causal, true, samples));  // the same math, N x N
+        }
+    const double ref_after = sgemm_gflops(o.quick ? 3 : 7);  // the reference again: the machine stayed the same
+
+    if (o.json) {
+      std::string j = "{\n";
+      j += fmt::format("  \"config\": {{\"B\": {}, \"H\": {}, \"d\": {}, \"dtype\": \"f32\", \"threads\": {}}},\n", kB,
+                       kH, kD, threads);
+      j += fmt::format("  \"sgemm_gflops\": [{:.2f}, {:.2f}],\n  \"memory\": [", ref, ref_after);
+      for (std::size_t i = 0; i < mem.size(); ++i) {
+        const auto& r = mem[i];
+        j += fmt::format("{}\n    {{\"N\": {}, \"fused_predicted\": {}, \"fused_measured\": {}, \"composed_predicted\": "
+                         "{}, \"composed_measured\": {}, \"composed_status\": \"{}\"}}",
+                         i ? "," : "", r.n, r.fused_pred, r.fused_meas, r.comp_pred, r.comp_meas, r.comp_status);
+      }
+      j += "\n  ],\n  \"speed\": [";
+      for (std::size_t i = 0; i < speed.size(); ++i) {
+        const auto& r = speed[i];
+        double bwd_ms = r.step_ms - r.fwd_ms;
+        j += fmt::format("{}\n    {{\"N\": {}, \"causal\": {}, \"impl\": \"{}\", \"fwd_ms\": {:.3f}, \"step_ms\": {:.3f}, "
+                         "\"fwd_gflops\": {:.2f}, \"bwd_gflops\": {:.2f}, \"step_gflops\": {:.2f}, \"sgemm_gflops\": {:.2f}}}",
+                         i ? "," : "", r.n, r.causal, r.composed ? "composed" : "fused", r.fwd_ms, r.step_ms,
+                         r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3),
+                         (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3), r.ref);
+      }
+      j += "\n  ]\n}\n";
+      fmt::print("{}", j);
+      return 0;
+    }
+
+    if (!mem.empty()) {
+      fmt::print("## Peak bytes of forward + backward (B={}, H={}, d={}, causal, f32)\n\n", kB, kH, kD);
+      fmt::print("Composed = matmul, softmax, matmul with an N x N mask, under policy::budget({} MiB); measured only for "
+                 "N <= {}.\n\n",
+                 o.cap_mib, o.run_max);
+      fmt::print("| N | attention op: predicted MiB | measured MiB | bytes / N | composed keep_all predicted MiB | "
+                 "composed under budget | composed measured MiB | composed / op |\n|---|---|---|---|---|---|---|---|\n");
+      for (const auto& r : mem)
+        fmt::print("| {} | {} | {} | {} | {} | {} | {} | {:.1f} |\n", r.n, mib(double(r.fused_pred)),
+                   r.fused_meas >= 0 ? mib(double(r.fused_meas)) : "not run", r.fused_pred / r.n, mib(double(r.comp_pred)),
+                   r.comp_status, r.comp_meas >= 0 ? mib(double(r.comp_meas)) : "-",
+                   double(r.comp_pred) / double(r.fused_pred));
+    }
+    if (!speed.empty()) {
+      fmt::print("\n## CPU throughput (f32, B={}, H={}, d={}), {} threads\n\n", kB, kH, kD, threads);
+      fmt::print("sgemm 2048^3 reference: {:.1f} GFLOP/s (before all rows), {:.1f} GFLOP/s (after); each row is "
+                 "compared with an sgemm measured right before it\n\n",
+                 ref, ref_after);
+      fmt::print("| N | causal | impl | fwd ms | fwd+bwd ms | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd GFLOP/s | sgemm GFLOP/s | "
+                 "fwd+bwd / sgemm |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      for (const auto& r : speed) {
+        double bwd_ms = r.step_ms - r.fwd_ms, total = (r.fwd_gflop + r.bwd_gflop) / (r.step_ms * 1e-3);
+        fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.0f} % |\n", r.n,
+                   r.causal ? "yes" : "no", r.composed ? "composed" : "attention op", r.fwd_ms, r.step_ms,
+                   r.fwd_gflop / (r.fwd_ms * 1e-3), r.bwd_gflop / (bwd_ms * 1e-3), total, r.ref, 100.0 * total / r.ref);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+#pragma once
+// Multi-head scaled dot-product attention as one graph op with O(N d) memory:
+// the forward pass tiles over keys with an online softmax and keeps only the
+// output and one log-sum-exp per query row; the backward pass recomputes the
+// probabilities tile by tile. Nothing of size Nq x Nk is ever allocated.
+#include <optional>
+
+#include "ad/graph.hpp"
+
+namespace ad {
+
+struct AttentionOptions {
+  // Query i attends key j only if j <= i + (Nk - Nq): bottom-right aligned,
+  // as in decoding with a cache (the last query sees every key). With
+  // Nq == Nk this is the usual lower triangle; with Nq > Nk the first
+  // Nq - Nk query rows see no key (their output is zero).
+  bool causal = false;
+  // Multiplies q k^T; default 1 / sqrt(d). Must be finite.
+  std::optional<double> scale;
+  // Optional i64 [B]: keys j >= key_lengths[b] of batch element b are masked
+  // (padding). Undefined Var = no padding. Values outside [0, Nk] throw
+  // ad::Error when the op runs. Combined with `causal`, a query sees the keys
+  // allowed by both masks.
+  Var key_lengths;
+};
+
+// out[b,h,i,:] = sum_j softmax_j(scale q[b,h,i,:] . k[b,g(h),j,:] + mask) v[b,g(h),j,:]
+//   q [B, H, Nq, d], k and v [B, Hkv, Nk, d] -> [B, H, Nq, d]; f32 or f64.
+// Grouped-query attention when Hkv < H: Hkv must divide H, and query head h
+// uses key/value head g(h) = h / (H / Hkv).
+// A query row whose keys are all masked (key_lengths[b] = 0, or causal with
+// Nq > Nk) gets a zero output and zero gradients, never NaN.
+// Any head size d >= 1 works; tiles are sized for d in {32, 64, 128}.
+// Throws ad::Error (naming the op and the shapes) when q, k, v are not rank
+// 4, batch sizes or d differ, k and v differ, Hkv does not divide H, d is 0,
+// dtypes differ or are not f32/f64, key_lengths is not i64 [B], or scale is
+// not finite.
+Var attention(const Operand& q, const Operand& k, const Operand& v, const AttentionOptions& options = {});
+
+}  // namespace ad
