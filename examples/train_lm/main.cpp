@@ -1,5 +1,5 @@
-// Trains a small decoder-only transformer (examples/train_lm/model.hpp:
-// embeddings, pre-norm blocks with causal multi-head self-attention through
+// Trains a small decoder-only transformer (ad::nn::DecoderLM: embeddings,
+// pre-norm blocks with causal multi-head self-attention through
 // ad::attention and a GELU MLP, final norm, LM head) on a synthetic
 // algorithmic language made here:  BOS x1 .. xL SEP y1 .. yL  where y is x
 // sorted (--task sort, the default) or reversed (--task reverse), x random
@@ -11,6 +11,16 @@
 //   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
 //            [--kv-heads H] [--layers N] [--lr X] [--mixer attention] [--seed S] [--log-every N]
+//            [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]
+//            [--stop-at N]
+//
+// --save writes a safetensors checkpoint (parameters, AdamW state, step and
+// data stream position) every --save-every steps and at the end; --resume
+// continues from one, giving the same parameters bit for bit as a run that
+// was never interrupted. --trace writes the memory timeline of the first
+// step as Chrome trace-event JSON (open it in Perfetto or chrome://tracing);
+// --dot writes that step's plan as Graphviz (dot -Tsvg plan.dot > plan.svg).
+// The last line prints a hash of the parameters.
 //
 // policy: keep_all (no recomputation), manual (keep block outputs, marked with
 // ad::checkpoint), sqrt_n, uniform:K (every K-th forward value), selective
@@ -27,7 +37,6 @@
 #include <string>
 #include <vector>
 
-#include "model.hpp"
 
 namespace {
 
@@ -38,7 +47,9 @@ struct Options {
   std::int64_t budget_mib = 0, steps = 500, batch = 64, digits = 12, log_every = 50, eval_n = 1000;
   double lr = 3e-3;
   std::uint64_t seed = 1;
-  lm::Config model;
+  std::string mixer = "attention", save, resume, trace, dot;
+  std::int64_t save_every = 0, stop_at = 0;
+  ad::nn::DecoderLMOptions model;
 };
 
 // ---- the language ----
@@ -85,40 +96,6 @@ ad::Tensor columns(const ad::Tensor& t, std::int64_t c0, std::int64_t c1) {
   return out;
 }
 
-// ---- Adam with decoupled weight decay 0, global-norm clipping ----
-struct Adam {
-  double lr = 3e-3, b1 = 0.9, b2 = 0.98, eps = 1e-8, clip = 1.0;
-  std::int64_t t = 0;
-  std::vector<ad::Tensor> m, v;
-  void step(const std::vector<ad::Parameter>& ps) {
-    if (m.empty())
-      for (const auto& p : ps) {
-        m.push_back(ad::Tensor::zeros(p.shape(), p.dtype()));
-        v.push_back(ad::Tensor::zeros(p.shape(), p.dtype()));
-      }
-    double norm2 = 0;
-    for (const auto& p : ps)
-      if (p.has_grad())
-        for (double g : p.grad().to_vector()) norm2 += g * g;
-    const double scale = std::min(1.0, clip / (std::sqrt(norm2) + 1e-12));
-    ++t;
-    const double c1 = 1 - std::pow(b1, static_cast<double>(t)), c2 = 1 - std::pow(b2, static_cast<double>(t));
-    for (std::size_t i = 0; i < ps.size(); ++i) {
-      if (!ps[i].has_grad()) continue;
-      float* w = ps[i].value().data<float>();
-      const float* g = ps[i].grad().data<float>();
-      float *mi = m[i].data<float>(), *vi = v[i].data<float>();
-      for (std::int64_t j = 0; j < ps[i].value().numel(); ++j) {
-        const double gj = g[j] * scale;
-        mi[j] = static_cast<float>(b1 * mi[j] + (1 - b1) * gj);
-        vi[j] = static_cast<float>(b2 * vi[j] + (1 - b2) * gj * gj);
-        w[j] -= static_cast<float>(lr * (mi[j] / c1) / (std::sqrt(vi[j] / c2) + eps));
-      }
-      ps[i].zero_grad();
-    }
-  }
-};
-
 ad::Policy make_policy(const Options& o) {
   const std::string& p = o.policy;
   if (p == "keep_all") return ad::policy::keep_all();
@@ -135,7 +112,7 @@ ad::Policy make_policy(const Options& o) {
 }
 
 // Greedy decoding of the held-out set; returns (exact-match, per-digit) accuracy.
-std::pair<double, double> evaluate(const lm::DecoderLM& model, const Options& o, const ad::Tensor& seqs) {
+std::pair<double, double> evaluate(const ad::nn::DecoderLM& model, const Options& o, const ad::Tensor& seqs) {
   const std::int64_t n = seqs.dim(0), L = o.digits, V = kVocab;
   ad::Tensor prefix = columns(seqs, 0, L + 2);  // BOS x SEP
   for (std::int64_t s = 0; s < L; ++s) {
@@ -172,7 +149,9 @@ int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]\n"
                "          [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]\n"
-               "          [--kv-heads H] [--layers N] [--lr X] [--mixer attention] [--seed S] [--log-every N]\n",
+               "          [--kv-heads H] [--layers N] [--lr X] [--mixer attention] [--seed S] [--log-every N]\n"
+               "          [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]\n"
+               "          [--stop-at N] (stop after step N of --steps, as if interrupted)\n",
                argv0);
   return 2;
 }
@@ -192,11 +171,18 @@ int main(int argc, char** argv) {
     else if (a == "--digits") o.digits = std::atoll(v.c_str());
     else if (a == "--task") o.task = v;
     else if (a == "--dim") o.model.dim = std::atoll(v.c_str());
-    else if (a == "--heads") o.model.heads = std::atoll(v.c_str());
-    else if (a == "--kv-heads") o.model.kv_heads = std::atoll(v.c_str());
+    else if (a == "--heads") o.model.block.heads = std::atoll(v.c_str());
+    else if (a == "--kv-heads") o.model.block.kv_heads = std::atoll(v.c_str());
     else if (a == "--layers") o.model.layers = std::atoll(v.c_str());
     else if (a == "--lr") o.lr = std::atof(v.c_str());
-    else if (a == "--mixer") o.model.mixer = v;
+    else if (a == "--mixer") o.mixer = v;
+    else if (a == "--eval") o.eval_n = std::atoll(v.c_str());
+    else if (a == "--save") o.save = v;
+    else if (a == "--save-every") o.save_every = std::atoll(v.c_str());
+    else if (a == "--resume") o.resume = v;
+    else if (a == "--stop-at") o.stop_at = std::atoll(v.c_str());
+    else if (a == "--trace") o.trace = v;
+    else if (a == "--dot") o.dot = v;
     else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
     else if (a == "--log-every") o.log_every = std::max<std::int64_t>(1, std::atoll(v.c_str()));
     else return usage(argv[0]);
@@ -204,19 +190,22 @@ int main(int argc, char** argv) {
   if (o.task != "reverse" && o.task != "sort") return usage(argv[0]);
   if (o.digits < 1 || o.batch < 1 || o.steps < 0) return usage(argv[0]);
   try {
-    ad::Rng rng(o.seed);
+    if (o.mixer != "attention") throw ad::Error(fmt::format("unknown --mixer '{}' (known: attention)", o.mixer));
+    ad::Rng init_rng(o.seed);
     const std::int64_t L = o.digits, T = 2 * L + 2;  // full sequence; the model reads T - 1 tokens
     o.model.vocab = kVocab;
     o.model.max_len = T;
-    lm::DecoderLM model(o.model, rng);
-    model.checkpoint_blocks = o.policy == "manual";
+    o.model.embed_init_stddev = 0.5;
+    o.model.block.init_stddev = 0;  // linear layers: U(+-1/sqrt(in))
+    o.model.block.mlp_hidden = 4 * o.model.dim;
+    o.model.checkpoint_blocks = o.policy == "manual";
+    ad::nn::DecoderLM model(o.model, init_rng);
     const ad::Policy policy = make_policy(o);
-    std::int64_t nparams = 0;
-    for (const auto& p : model.params.all) nparams += p.value().numel();
+    const std::vector<ad::Parameter> params = model.parameters();
     fmt::print("ad {} — decoder-only LM, task {} of {} digits: {} layers, dim {}, {} heads ({} kv), {} params, "
                "mixer {}, batch {}, policy {}\n",
-               ad::kVersionString, o.task, L, o.model.layers, o.model.dim, o.model.heads, o.model.kv_heads, nparams,
-               o.model.mixer, o.batch, policy.name());
+               ad::kVersionString, o.task, L, o.model.layers, o.model.dim, o.model.block.heads,
+               o.model.block.kv_heads, model.num_parameters(), o.mixer, o.batch, policy.name());
 
     // the loss reads the logits at the positions that predict y1 .. yL
     std::vector<std::int64_t> rows;
@@ -224,16 +213,37 @@ int main(int argc, char** argv) {
       for (std::int64_t t = L + 1; t < T - 1; ++t) rows.push_back(b * (T - 1) + t);
     const ad::Tensor pick = ad::Tensor::from(std::span<const std::int64_t>(rows), {o.batch * L});
 
-    Adam opt;
+    // AdamW (no weight decay), betas (0.9, 0.98); linear warm-up over 5 % of
+    // the steps, then cosine decay to 10 %; gradients clipped to norm 1
+    ad::nn::AdamOptions ao;
+    ao.lr = o.lr;
+    ao.beta2 = 0.98;
+    ao.weight_decay = 0;
+    ad::nn::AdamW opt(model.named_parameters(), ao);
+    const auto warm = std::max<std::int64_t>(1, o.steps / 20);
+    opt.set_schedule(ad::nn::LrSchedule::warmup_cosine(o.lr, warm, std::max(o.steps, warm), 0.1 * o.lr));
+
+    // the training data stream: seeded, its position saved with checkpoints
+    ad::Rng rng(o.seed + 17);
+    std::int64_t first = 1;
+    if (!o.resume.empty()) {
+      ad::Metadata md = ad::nn::load_checkpoint(o.resume, model, opt);
+      first = std::atoll(md.at("step").c_str()) + 1;
+      rng.reserve(std::strtoull(md.at("data_offset").c_str(), nullptr, 10));
+      fmt::print("resumed from {} at step {}\n", o.resume, first - 1);
+    }
+    auto save = [&](std::int64_t step) {
+      ad::nn::save_checkpoint(o.save, model, opt,
+                              {{"step", std::to_string(step)}, {"data_offset", std::to_string(rng.offset())},
+                               {"task", o.task}, {"seed", std::to_string(o.seed)}});
+    };
+
     bool peaks_agree = true;  // predicted == measured on every step (CPU sizes are exact)
     double loss_acc = 0, ms_acc = 0;
     std::int64_t n_acc = 0;
     const auto t_start = std::chrono::steady_clock::now();
-    for (std::int64_t step = 1; step <= o.steps; ++step) {
-      // linear warm-up over 5 % of the steps, then cosine decay to 10 %
-      const double warm = std::max<double>(1.0, 0.05 * static_cast<double>(o.steps));
-      const double prog = static_cast<double>(step) / static_cast<double>(o.steps);
-      opt.lr = o.lr * std::min(static_cast<double>(step) / warm, 0.1 + 0.45 * (1 + std::cos(3.141592653589793 * prog)));
+    const std::int64_t last = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;  // --stop-at: an interruption
+    for (std::int64_t step = first; step <= last; ++step) {
       ad::Tensor seqs = make_sequences(o, o.batch, false, rng);
       ad::Tensor labels = columns(seqs, L + 2, T).reshape({o.batch * L});
       auto t0 = std::chrono::steady_clock::now();
@@ -241,9 +251,27 @@ int main(int argc, char** argv) {
       ad::Var logits = model(g, columns(seqs, 0, T - 1));  // [B, T-1, V]
       ad::Var picked = ad::gather(ad::reshape(logits, {-1, kVocab}), g.input(pick), 0);
       ad::Var loss = ad::cross_entropy(picked, g.input(labels));
+      const bool inspect = step == first && (!o.trace.empty() || !o.dot.empty());
+      ad::Trace trace;
+      if (inspect && !o.trace.empty()) g.record(&trace);
       ad::Report r = ad::backward(loss, policy);
+      g.record(nullptr);
+      if (inspect && !o.trace.empty()) {
+        trace.save(o.trace);
+        fmt::print("wrote {}: the memory timeline of step {} ({} events)\n", o.trace, step, trace.events().size());
+      }
+      if (inspect && !o.dot.empty()) {
+        std::string dot = ad::to_dot(g, *r.plan);
+        std::FILE* f = std::fopen(o.dot.c_str(), "w");
+        if (!f || std::fwrite(dot.data(), 1, dot.size(), f) != dot.size() || std::fclose(f) != 0)
+          throw ad::Error("cannot write " + o.dot);
+        fmt::print("wrote {}: the plan of step {} as Graphviz\n", o.dot, step);
+      }
       peaks_agree = peaks_agree && r.predicted_peak_bytes == r.measured_peak_bytes;
-      opt.step(model.params.all);
+      const double lr = opt.lr();
+      ad::nn::clip_grad_norm(params, 1.0);
+      opt.step();
+      opt.zero_grad();
       ms_acc += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       loss_acc += loss.value().item();
       ++n_acc;
@@ -253,19 +281,28 @@ int main(int argc, char** argv) {
                    "lr {:.2e}\n",
                    step, loss_acc / static_cast<double>(n_acc), tokens / (ms_acc * 1e-3),
                    static_cast<double>(r.measured_peak_bytes) / (1 << 20),
-                   static_cast<double>(r.predicted_peak_bytes) / (1 << 20), r.recomputed_nodes, opt.lr);
+                   static_cast<double>(r.predicted_peak_bytes) / (1 << 20), r.recomputed_nodes, lr);
         std::fflush(stdout);
         loss_acc = ms_acc = 0;
         n_acc = 0;
       }
+      if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == last)) save(step);
     }
     const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    ad::Rng eval_rng(o.seed + 1000003);
-    ad::Tensor held = make_sequences(o, o.eval_n, true, eval_rng);
-    auto [exact, per_digit] = evaluate(model, o, held);
-    fmt::print("trained {} steps in {:.1f} s; held-out {} sequences, greedy decoding: exact match {:.1f} %, "
-               "digits {:.1f} %\n",
-               o.steps, train_s, o.eval_n, 100 * exact, 100 * per_digit);
+    fmt::print("trained to step {} in {:.1f} s\n", last, train_s);
+    if (o.eval_n > 0) {
+      ad::Rng eval_rng(o.seed + 1000003);
+      ad::Tensor held = make_sequences(o, o.eval_n, true, eval_rng);
+      auto [exact, per_digit] = evaluate(model, o, held);
+      fmt::print("held-out {} sequences, greedy decoding: exact match {:.1f} %, digits {:.1f} %\n", o.eval_n,
+                 100 * exact, 100 * per_digit);
+    }
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over every parameter's bytes
+    for (const auto& p : params) {
+      const auto* b = static_cast<const unsigned char*>(p.value().raw());
+      for (std::size_t i = 0; i < p.value().nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    }
+    fmt::print("params-hash {:016x}\n", h);
     if (!peaks_agree) {
       std::fprintf(stderr, "error: a step's measured peak differed from the predicted one\n");
       return 3;

@@ -6,4 +6,5 @@
 #include "ad/nn/optim.hpp"
 #include "ad/nn/progress.hpp"
 #include "ad/nn/serialize.hpp"
+#include "ad/nn/transformer.hpp"
 #include "ad/safetensors.hpp"

@@ -1,0 +1,72 @@
+#pragma once
+// Transformer layers as ad::nn modules: multi-head (grouped-query) causal
+// self-attention over the fused ad::attention op, a pre-norm block, and a
+// decoder-only language model.
+#include <cstdint>
+
+#include "ad/attention.hpp"
+#include "ad/nn/layers.hpp"
+
+namespace ad::nn {
+
+// [B, T, dim] -> [B, T, dim]: q, k, v projections (k and v with kv_heads
+// heads of dim / heads each; grouped-query attention when kv_heads < heads),
+// ad::attention (causal, optional per-sequence key lengths), output
+// projection. Throws ad::Error unless heads divides dim and kv_heads divides
+// heads.
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention() = default;
+  MultiHeadAttention(std::int64_t dim, std::int64_t heads, std::int64_t kv_heads, Rng& rng, bool causal = true,
+                     LinearOptions linear = {});
+  Var operator()(const Var& x, const Var& key_lengths = {}) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t dim = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = true;
+  Linear q, k, v, o;
+};
+
+struct TransformerBlockOptions {
+  std::int64_t heads = 4, kv_heads = 4, mlp_hidden = 0;  // mlp_hidden 0: 4 * dim
+  bool causal = true;
+  double init_stddev = 0.02;  // projections ~ N(0, s^2) (GPT-2 style), biases 0; 0: U(+-1/sqrt(in))
+};
+
+// Pre-norm block: x + attn(ln1(x)), then x + W2 gelu(W1 ln2(x)).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock() = default;
+  TransformerBlock(std::int64_t dim, Rng& rng, TransformerBlockOptions options = {});
+  Var operator()(const Var& x) const;
+  void visit(Visitor& v) const override;
+
+  LayerNorm ln1, ln2;
+  MultiHeadAttention attn;
+  Linear up, down;
+};
+
+struct DecoderLMOptions {
+  std::int64_t vocab = 0, max_len = 0, dim = 64, layers = 2;
+  double embed_init_stddev = 0.02;  // token and position embeddings ~ N(0, s^2)
+  TransformerBlockOptions block;
+  bool checkpoint_blocks = false;  // mark each block's output with ad::checkpoint (policy::manual)
+};
+
+// tokens i64 [B, T] -> logits [B, T, vocab]: token + position embeddings,
+// blocks, final layer norm, linear head. Throws ad::Error if T > max_len.
+class DecoderLM : public Module {
+ public:
+  DecoderLM() = default;
+  DecoderLM(const DecoderLMOptions& options, Rng& rng);
+  Var operator()(Graph& g, const Tensor& tokens) const;
+  void visit(Visitor& v) const override;
+
+  DecoderLMOptions options;
+  Embedding tok, pos;
+  ModuleList<TransformerBlock> blocks;
+  LayerNorm ln_f;
+  Linear head;
+};
+
+}  // namespace ad::nn

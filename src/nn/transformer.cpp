@@ -1,0 +1,103 @@
+// Transformer layers: multi-head attention over ad::attention, the pre-norm
+// block and a decoder-only LM.
+#include "ad/nn/transformer.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "ad/error.hpp"
+#include "ad/policy.hpp"
+
+namespace ad::nn {
+
+// ---- MultiHeadAttention ----
+MultiHeadAttention::MultiHeadAttention(std::int64_t d, std::int64_t h, std::int64_t kvh, Rng& rng, bool c,
+                                       LinearOptions linear)
+    : dim(d), heads(h), kv_heads(kvh), causal(c) {
+  if (h < 1 || kvh < 1 || d % h != 0 || h % kvh != 0)
+    throw Error(fmt::format("MultiHeadAttention: dim {} must be a multiple of heads {}, and heads of kv_heads {}", d,
+                            h, kvh));
+  head_dim = d / h;
+  q = Linear(d, d, rng, linear);
+  k = Linear(d, kvh * head_dim, rng, linear);
+  v = Linear(d, kvh * head_dim, rng, linear);
+  o = Linear(d, d, rng, linear);
+}
+// [B, T, h * dh] -> [B, h, T, dh] for the op, and back
+Var MultiHeadAttention::operator()(const Var& x, const Var& key_lengths) const {
+  if (x.rank() != 3 || x.dim(2) != dim)
+    throw Error(fmt::format("MultiHeadAttention: input {} is not [B, T, {}]", x.str(), dim));
+  const std::int64_t B = x.dim(0), T = x.dim(1);
+  auto split = [&](const Var& y, std::int64_t n) { return permute(reshape(y, {B, T, n, head_dim}), {0, 2, 1, 3}); };
+  AttentionOptions opt;
+  opt.causal = causal;
+  opt.key_lengths = key_lengths;
+  Var a = attention(split(q(x), heads), split(k(x), kv_heads), split(v(x), kv_heads), opt);
+  return o(reshape(permute(a, {0, 2, 1, 3}), {B, T, dim}));
+}
+void MultiHeadAttention::visit(Visitor& vis) const {
+  vis.module("q", q);
+  vis.module("k", k);
+  vis.module("v", v);
+  vis.module("o", o);
+}
+
+// ---- TransformerBlock ----
+TransformerBlock::TransformerBlock(std::int64_t dim, Rng& rng, TransformerBlockOptions opt)
+    : ln1(dim), ln2(dim) {
+  LinearOptions lin;
+  lin.init_stddev = opt.init_stddev;
+  attn = MultiHeadAttention(dim, opt.heads, opt.kv_heads, rng, opt.causal, lin);
+  std::int64_t hidden = opt.mlp_hidden > 0 ? opt.mlp_hidden : 4 * dim;
+  up = Linear(dim, hidden, rng, lin);
+  down = Linear(hidden, dim, rng, lin);
+}
+Var TransformerBlock::operator()(const Var& x) const {
+  Var h = add(x, attn(ln1(x)));
+  return add(h, down(gelu(up(ln2(h)))));
+}
+void TransformerBlock::visit(Visitor& v) const {
+  v.module("ln1", ln1);
+  v.module("attn", attn);
+  v.module("ln2", ln2);
+  v.module("up", up);
+  v.module("down", down);
+}
+
+// ---- DecoderLM ----
+DecoderLM::DecoderLM(const DecoderLMOptions& o, Rng& rng) : options(o), ln_f(o.dim) {
+  if (o.vocab < 1 || o.max_len < 1 || o.dim < 1 || o.layers < 0)
+    throw Error(fmt::format("DecoderLM: vocab {}, max_len {}, dim {}, layers {}", o.vocab, o.max_len, o.dim, o.layers));
+  EmbeddingOptions emb;
+  emb.init_stddev = o.embed_init_stddev;
+  tok = Embedding(o.vocab, o.dim, rng, emb);
+  pos = Embedding(o.max_len, o.dim, rng, emb);
+  for (std::int64_t l = 0; l < o.layers; ++l) blocks.push_back(TransformerBlock(o.dim, rng, o.block));
+  LinearOptions lin;
+  lin.init_stddev = o.block.init_stddev;
+  head = Linear(o.dim, o.vocab, rng, lin);
+}
+Var DecoderLM::operator()(Graph& g, const Tensor& tokens) const {
+  if (tokens.rank() != 2 || tokens.dtype() != DType::i64)
+    throw Error(fmt::format("DecoderLM: tokens must be i64 [B, T], got {}{}", dtype_name(tokens.dtype()),
+                            tokens.shape().str()));
+  const std::int64_t T = tokens.dim(1);
+  if (T > options.max_len) throw Error(fmt::format("DecoderLM: {} tokens exceed max_len {}", T, options.max_len));
+  Var x = tok(g.input(tokens));                                    // [B, T, D]
+  x = add(x, slice(g.param(pos.weight), 0, 0, T));                 // + positions [T, D]
+  for (const auto& b : blocks) {
+    x = b(x);
+    if (options.checkpoint_blocks) x = checkpoint(x);
+  }
+  return head(ln_f(x));
+}
+void DecoderLM::visit(Visitor& v) const {
+  v.module("tok", tok);
+  v.module("pos", pos);
+  v.module("blocks", blocks);
+  v.module("ln_f", ln_f);
+  v.module("head", head);
+}
+
+}  // namespace ad::nn
