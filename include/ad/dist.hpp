@@ -30,10 +30,18 @@ enum class ReduceOp { sum, mean };
 bool have_mpi();
 bool have_nccl();
 
+// mpi: CPU tensors over MPI. nccl: CUDA tensors over NCCL, one GPU per rank
+// (the launcher's local rank modulo the GPUs, or Options::device), with the
+// NCCL id broadcast over MPI (a process started without a launcher is a world
+// of one). Needs a build with AD_NCCL.
+enum class Backend { mpi, nccl };
+
 struct Options {
   // A collective that makes no progress for this long throws ad::Error
   // (a rank died, hangs, or stopped calling collectives). 0: wait forever.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  Backend backend = Backend::mpi;
+  int device = -1;  // nccl: this rank's GPU; -1: local rank modulo the visible GPUs
 };
 
 class Communicator {
@@ -47,9 +55,12 @@ class Communicator {
 
   int rank() const;
   int size() const;
-  const char* backend() const;  // "mpi" or "local"
+  const char* backend() const;  // "mpi", "nccl" or "local"
   const Options& options() const;
 
+  // With the nccl backend every tensor must be on this rank's GPU
+  // (Device::cuda(device())); with mpi, on the CPU.
+  int device() const;
   // In place over all ranks. Every rank passes a tensor of the same shape and
   // dtype (f32, f64 or i64; mean needs f32/f64). Checked: a rank whose shape
   // differs gets ad::Error naming both. Blocking, with the timeout.

@@ -9,35 +9,26 @@
 
 #include "ad/dist.hpp"
 #include "ad/error.hpp"
-
-#if AD_HAVE_MPI
-#include <mpi.h>
-#endif
+#include "dist/impl.hpp"
 
 namespace ad::dist {
 
 bool have_mpi() { return AD_HAVE_MPI != 0; }
-bool have_nccl() { return false; }  // needs the CUDA backend
+bool have_nccl() { return AD_HAVE_NCCL != 0; }
 
-struct Communicator::Impl {
-  int rank = 0, size = 1;
-  Options options;
-  bool mpi = false;
-  mutable std::int64_t bytes = 0;
-#if AD_HAVE_MPI
-  MPI_Comm comm = MPI_COMM_NULL;
-#endif
-};
 
 namespace {
 
 std::string what(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtype()), t.shape().str()); }
 
-void check_tensor(const char* op, const Tensor& t, bool need_float) {
+void check_tensor(const Communicator::Impl& c, const char* op, const Tensor& t, bool need_float) {
   if (!t.defined()) throw Error(fmt::format("{}: undefined tensor", op));
-  if (t.device().kind != DeviceKind::cpu)
-    throw Error(fmt::format("{}: {} is not on the CPU; the MPI backend moves CPU tensors (NCCL: CUDA tensors)", op,
-                            what(t)));
+  if (c.nccl && !(t.device() == Device::cuda(c.device)))
+    throw Error(fmt::format("{}: {} is not on cuda:{}, the GPU of this rank's NCCL communicator", op, what(t),
+                            c.device));
+  if (!c.nccl && t.device().kind != DeviceKind::cpu)
+    throw Error(fmt::format("{}: {} is on a GPU; the MPI backend moves CPU tensors (Options::backend = "
+                            "Backend::nccl for GPU tensors)", op, what(t)));
   DType d = t.dtype();
   if (d != DType::f32 && d != DType::f64 && (need_float || d != DType::i64))
     throw Error(fmt::format("{}: dtype of {} not supported (f32, f64{})", op, what(t), need_float ? "" : ", i64"));
@@ -92,6 +83,7 @@ void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, con
   }
 }
 
+}  // namespace
 // Every rank must pass the same element count and dtype: one small
 // all-reduce of (n, -n, dtype, -dtype) with MAX finds a rank that differs.
 void check_same(const Communicator::Impl& c, const char* op, std::int64_t n, DType d, const std::string& mine) {
@@ -105,6 +97,7 @@ void check_same(const Communicator::Impl& c, const char* op, std::int64_t n, DTy
                             op, c.rank, mine, n, v[0] == n ? -v[1] : v[0],
                             dtype_name(static_cast<DType>(v[2] == static_cast<std::int64_t>(d) ? -v[3] : v[2]))));
 }
+namespace {
 
 // Process-wide MPI state: initialised once, finalised at exit (MPI allows one
 // init per process; this is the one global the library keeps, by necessity).
@@ -138,7 +131,10 @@ Communicator Communicator::from_env(Options options) {
   auto impl = std::make_shared<Impl>();
   impl->options = options;
 #if AD_HAVE_MPI
-  if (!launched_by_mpi()) return Communicator(impl);
+  if (!launched_by_mpi()) {
+    if (options.backend == Backend::nccl) nccl_init(*impl);
+    return Communicator(impl);
+  }
   int init = 0;
   MPI_Initialized(&init);
   if (!init) {
@@ -152,12 +148,14 @@ Communicator Communicator::from_env(Options options) {
   MPI_Comm_size(impl->comm, &impl->size);
   impl->mpi = true;
 #endif
+  if (options.backend == Backend::nccl) nccl_init(*impl);
   return Communicator(impl);
 }
 
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
-const char* Communicator::backend() const { return impl_->mpi ? "mpi" : "local"; }
+int Communicator::device() const { return impl_->device; }
+const char* Communicator::backend() const { return impl_->nccl ? "nccl" : impl_->mpi ? "mpi" : "local"; }
 const Options& Communicator::options() const { return impl_->options; }
 std::int64_t Communicator::bytes_communicated() const { return impl_->bytes; }
 
@@ -168,19 +166,10 @@ void Communicator::abort(int code) const {
   std::_Exit(code);
 }
 
-struct Communicator::Work::Impl {
-  const Communicator::Impl* c = nullptr;
-  Tensor t;
-  ReduceOp op = ReduceOp::sum;
-  bool done = true;
-#if AD_HAVE_MPI
-  MPI_Request req = MPI_REQUEST_NULL;
-#endif
-  void finish() {
-    done = true;
-    if (op == ReduceOp::mean && c->size > 1) divide(t, c->size);
-  }
-};
+void Communicator::Work::Impl::finish() {
+  done = true;
+  if (op == ReduceOp::mean && c->size > 1) divide(t, c->size);
+}
 Communicator::Work::Work() = default;
 Communicator::Work::Work(Work&&) noexcept = default;
 Communicator::Work& Communicator::Work::operator=(Work&&) noexcept = default;
@@ -188,6 +177,7 @@ Communicator::Work::~Work() = default;
 
 void Communicator::Work::wait() {
   if (!impl_ || impl_->done) return;
+  if (impl_->c->nccl) return nccl_wait(*impl_);
 #if AD_HAVE_MPI
   wait_for(*impl_->c, impl_->req, "all_reduce", what(impl_->t));
 #endif
@@ -195,6 +185,7 @@ void Communicator::Work::wait() {
 }
 bool Communicator::Work::test() {
   if (!impl_ || impl_->done) return true;
+  if (impl_->c->nccl) return nccl_test(*impl_);
 #if AD_HAVE_MPI
   int flag = 0;
   AD_MPI_CHECK(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "all_reduce");
@@ -205,13 +196,17 @@ bool Communicator::Work::test() {
 }
 
 Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const {
-  check_tensor("all_reduce", t, op == ReduceOp::mean);
+  check_tensor(*impl_, "all_reduce", t, op == ReduceOp::mean);
   Work w;
   w.impl_ = std::make_unique<Work::Impl>();
   w.impl_->c = impl_.get();
   w.impl_->t = t;
   w.impl_->op = op;
   w.impl_->done = false;
+  if (impl_->nccl) {
+    nccl_all_reduce(*impl_, *w.impl_);
+    return w;
+  }
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "all_reduce", t.numel(), t.dtype(), what(t));
@@ -229,8 +224,9 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) const { all_reduce_async(t, op).wait(); }
 
 void Communicator::broadcast(Tensor& t, int root) const {
-  check_tensor("broadcast", t, false);
+  check_tensor(*impl_, "broadcast", t, false);
   if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
+  if (impl_->nccl) return nccl_broadcast(*impl_, t, root);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
   check_same(*impl_, "broadcast", t.numel(), t.dtype(), what(t));
@@ -243,11 +239,12 @@ void Communicator::broadcast(Tensor& t, int root) const {
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) const {
-  check_tensor("reduce_scatter", in, op == ReduceOp::mean);
-  check_tensor("reduce_scatter", out, op == ReduceOp::mean);
+  check_tensor(*impl_, "reduce_scatter", in, op == ReduceOp::mean);
+  check_tensor(*impl_, "reduce_scatter", out, op == ReduceOp::mean);
   if (in.dtype() != out.dtype() || in.numel() != out.numel() * size())
     throw Error(fmt::format("reduce_scatter: in {} must hold world size ({}) x out {} elements of one dtype", what(in),
                             size(), what(out)));
+  if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "reduce_scatter", in.numel(), in.dtype(), what(in));
@@ -265,11 +262,12 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) const {
-  check_tensor("all_gather", in, false);
-  check_tensor("all_gather", out, false);
+  check_tensor(*impl_, "all_gather", in, false);
+  check_tensor(*impl_, "all_gather", out, false);
   if (in.dtype() != out.dtype() || out.numel() != in.numel() * size())
     throw Error(fmt::format("all_gather: out {} must hold world size ({}) x in {} elements of one dtype", what(out),
                             size(), what(in)));
+  if (impl_->nccl) return nccl_all_gather(*impl_, in, out);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "all_gather", in.numel(), in.dtype(), what(in));
@@ -286,6 +284,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
 }
 
 void Communicator::barrier() const {
+  if (impl_->nccl) return nccl_barrier(*impl_);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
   MPI_Request req;
