@@ -173,3 +173,35 @@ TEST_CASE("cuda: a training step on the GPU equals the CPU step") {
   CHECK(st.reserved_bytes >= st.live_bytes);
   cuda::empty_cache();
 }
+
+TEST_CASE("cuda: an NCCL world of one trains like plain backward") {
+  if (skip_without_gpu()) return;
+  if (!dist::have_nccl()) {
+    std::printf("[ad-skip] this build has no NCCL backend\n");
+    return;
+  }
+  dist::Options o;
+  o.backend = dist::Backend::nccl;
+  o.device = 0;
+  auto comm = dist::Communicator::from_env(o);
+  CHECK(std::string(comm.backend()) == "nccl");
+  CHECK(comm.size() == 1);
+  Rng rng(12);
+  Tensor x = Tensor::randn({16, 8}, rng), w0 = Tensor::randn({8, 4}, rng, DType::f32, 0, 0.5);
+  Parameter ref(w0.clone()), gpu(w0.to(Device::cuda(0)));
+  {
+    Graph g;
+    backward(mean(tanh(matmul(g.input(x), ref))));
+  }
+  dist::DataParallel dp(comm, {gpu});
+  {
+    Graph g;
+    dp.backward(mean(tanh(matmul(g.input(x.to(Device::cuda(0))), gpu))), policy::sqrt_n());
+  }
+  CHECK(max_rel(gpu.grad().to(Device::cpu()), ref.grad()) <= 1e-5);
+  Tensor t = Tensor::full({5}, 3.0).to(Device::cuda(0));
+  comm.all_reduce(t, dist::ReduceOp::mean);
+  CHECK(t.to_vector() == std::vector<double>(5, 3.0));
+  Tensor cpu_t = Tensor::ones({2});
+  CHECK_THROWS_WITH_AS(comm.all_reduce(cpu_t), doctest::Contains("is not on cuda:0"), Error);
+}

@@ -183,6 +183,7 @@ class Zero1 {
   Communicator comm_;
   nn::NamedParameters params_;
   DType dtype_ = DType::f32;
+  Device device_ = Device::cpu();
   std::int64_t total_ = 0, shard_ = 0, begin_ = 0;  // N, S, r S
   Parameter shard_param_;
   std::unique_ptr<nn::Optimizer> opt_;

@@ -8,6 +8,7 @@
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
+#include "core/device.hpp"
 #include "core/graph_impl.hpp"
 
 namespace ad::dist {
@@ -29,7 +30,7 @@ void DataParallel::build_buckets(std::int64_t bucket_bytes) {
     const Parameter& p = params_[k];
     std::int64_t b = static_cast<std::int64_t>(p.value().nbytes());
     if (!cur.members.empty() &&
-        (p.dtype() != cur.dtype ||
+        (p.dtype() != cur.dtype || !(p.value().device() == params_[cur.members.front()].value().device()) ||
          (cur.elems * static_cast<std::int64_t>(dtype_size(cur.dtype)) + b > bucket_bytes))) {
       buckets_.push_back(std::move(cur));
       cur = Bucket{};
@@ -61,13 +62,14 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
   std::size_t next = 0;  // buckets start in index order on every rank
   auto start = [&](std::size_t b) {
     const Bucket& bk = buckets_[b];
-    fl[b].flat = Tensor::empty({bk.elems}, bk.dtype);
+    const Device dev = params_[bk.members.front()].value().device();
+    fl[b].flat = Tensor::empty({bk.elems}, bk.dtype, dev);
     auto* dst = static_cast<char*>(fl[b].flat.raw());
     for (auto m : bk.members) {
       const Tensor& gr = params_[m].grad();
       std::size_t n = params_[m].value().nbytes();
-      if (gr.defined()) std::memcpy(dst, gr.raw(), n);
-      else std::memset(dst, 0, n);
+      if (gr.defined()) device::copy(dst, dev, gr.raw(), gr.device(), n);
+      else device::memset(dev, dst, 0, n);
       dst += n;
     }
     fl[b].work = comm_.all_reduce_async(fl[b].flat, ReduceOp::mean);
@@ -106,8 +108,8 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
     for (auto m : buckets_[b].members) {
       ParamState& s = *params_[m].state();
       std::size_t n = s.value.nbytes();
-      if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype());
-      std::memcpy(s.grad.raw(), src, n);
+      if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
+      device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
       src += n;
     }
   }
@@ -117,7 +119,7 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
 void DataParallel::all_reduce_gradients() {
   for (auto& p : params_) {
     ParamState& s = *p.state();
-    if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype());
+    if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
     comm_.all_reduce(s.grad, ReduceOp::mean);
   }
 }

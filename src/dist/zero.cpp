@@ -6,6 +6,7 @@
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
+#include "core/device.hpp"
 #include "core/graph_impl.hpp"
 
 namespace ad::dist {
@@ -28,7 +29,7 @@ void copy_range(const std::vector<Tensor>& ts, std::int64_t begin, Tensor& part,
       char* a = static_cast<char*>(part.raw()) + static_cast<std::size_t>(lo - begin) * es;
       char* b = static_cast<char*>(t.raw()) + static_cast<std::size_t>(lo - off) * es;
       auto n = static_cast<std::size_t>(hi - lo) * es;
-      to_part ? std::memcpy(a, b, n) : std::memcpy(b, a, n);
+      to_part ? device::copy(a, part.device(), b, t.device(), n) : device::copy(b, t.device(), a, part.device(), n);
     }
     off += t.numel();
   }
@@ -44,8 +45,12 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
     : comm_(std::move(comm)), params_(std::move(params)) {
   if (params_.empty()) throw Error("Zero1: no parameters");
   dtype_ = params_[0].second.dtype();
+  device_ = params_[0].second.value().device();
   for (const auto& [name, p] : params_) {
     if (!p.defined()) throw Error(fmt::format("Zero1: parameter '{}' is undefined", name));
+    if (!(p.value().device() == device_))
+      throw Error(fmt::format("Zero1: parameters must share one device: '{}' is on {}, '{}' on {}", params_[0].first,
+                              device::name(device_), name, device::name(p.value().device())));
     if (p.dtype() != dtype_)
       throw Error(fmt::format("Zero1: parameters must share one dtype: '{}' is {}, '{}' is {}", params_[0].first,
                               dtype_name(dtype_), name, dtype_name(p.dtype())));
@@ -56,7 +61,7 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
   shard_ = (total_ + w - 1) / w;
   begin_ = shard_ * comm_.rank();
   // this rank's slice of the flat parameters (zeros in the padding)
-  Tensor v = Tensor::zeros({shard_}, dtype_);
+  Tensor v = Tensor::zeros({shard_}, dtype_).to(device_);
   copy_range(values(params_), begin_, v, true);
   shard_param_ = Parameter(v, "shard");
   opt_ = make_optimizer({{"shard", shard_param_}});
@@ -65,13 +70,14 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
 
 void Zero1::reduce_gradients() {
   const std::int64_t w = comm_.size();
-  Tensor flat = Tensor::zeros({shard_ * w}, dtype_);
+  Tensor flat = Tensor::zeros({shard_ * w}, dtype_).to(device_);
   std::vector<Tensor> grads;
   for (const auto& np : params_)
-    grads.push_back(np.second.grad().defined() ? np.second.grad() : Tensor::zeros(np.second.shape(), dtype_));
+    grads.push_back(np.second.grad().defined() ? np.second.grad()
+                                              : Tensor::zeros(np.second.shape(), dtype_).to(device_));
   copy_range(grads, 0, flat, true);
   ParamState& s = *shard_param_.state();
-  if (!s.grad.defined()) s.grad = Tensor::zeros({shard_}, dtype_);
+  if (!s.grad.defined()) s.grad = Tensor::zeros({shard_}, dtype_).to(device_);
   comm_.reduce_scatter(flat, s.grad, ReduceOp::mean);
 }
 
@@ -83,7 +89,7 @@ Report Zero1::backward(const Var& loss, const Policy& policy) {
 
 void Zero1::gather_parameters() {
   const std::int64_t w = comm_.size();
-  Tensor flat = Tensor::empty({shard_ * w}, dtype_);
+  Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
   comm_.all_gather(shard_param_.value(), flat);
   copy_range(values(params_), 0, flat, false);
 }
@@ -131,10 +137,10 @@ nn::NamedTensors Zero1::state() const {
   for (const auto& nt : in) {
     if (nt.first.rfind("shard.", 0) != 0 || nt.first == "shard.step") continue;
     std::string slot = nt.first.substr(6);
-    Tensor flat = Tensor::empty({shard_ * w}, dtype_);
+    Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
     comm_.all_gather(nt.second, flat);
     std::vector<Tensor> per;
-    for (const auto& np : params_) per.push_back(Tensor::empty(np.second.shape(), dtype_));
+    for (const auto& np : params_) per.push_back(Tensor::empty(np.second.shape(), dtype_, device_));
     copy_range(per, 0, flat, false);
     for (std::size_t i = 0; i < per.size(); ++i) out.emplace_back(params_[i].first + "." + slot, per[i]);
   }
@@ -163,7 +169,7 @@ void Zero1::load_state(const nn::NamedTensors& state) {
   }
   if (pstep) mine.emplace_back("shard.step", *pstep);
   for (const auto& slot : slots) {
-    Tensor part = Tensor::zeros({shard_}, dtype_);
+    Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
     std::vector<Tensor> per;
     for (const auto& np : params_) {
       const std::string name = np.first + "." + slot;
