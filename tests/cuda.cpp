@@ -92,6 +92,10 @@ TEST_CASE("cuda: asking for a GPU that is not there is a clear ad::Error") {
   if (cuda::built()) CHECK_THROWS_AS(cuda::memory_stats(0), Error);
   CHECK_THROWS_AS(Tensor::empty({4}, DType::f32, Device::cuda(0)), Error);
   CHECK(x.to(Device::cpu()).to_vector() == std::vector<double>(6, 1.0));
+  dist::Options o;
+  o.backend = dist::Backend::nccl;
+  CHECK_THROWS_WITH_AS(dist::Communicator::from_env(o), doctest::Contains(dist::have_nccl() ? why : "no NCCL backend"),
+                       Error);
 }
 
 TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
