@@ -84,6 +84,8 @@ struct GradCase {
 
 // The registered gradcheck cases (tests/gradcheck_cases.cpp), fresh tensors every call.
 std::vector<GradCase> gradcheck_cases();
+// Cases of the semi-Markov CRF ops (tests/semicrf.cpp).
+void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 
 struct Mismatch {
   std::size_t input;
