@@ -84,6 +84,8 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   y.team = std::max(y.team, 1);
   const std::int64_t C = d.C, ke = y.ke;
   const std::int64_t re = d.general || pass == Pass::viterbi ? 8 : static_cast<std::int64_t>(d.esize);  // ring element
+  const std::int64_t bk = re == 4 ? detail::kBlock<float> : detail::kBlock<double>;
+  y.nblk = (ke + bk - 1) / bk;
   auto take = [](std::int64_t& cur, std::int64_t bytes) { std::int64_t o = cur; cur += detail::align64(bytes); return o; };
   std::int64_t sh = 0;
   if (!d.general && pass != Pass::viterbi) {
@@ -92,6 +94,7 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
     y.eB = take(sh, C * C * 8);
     y.colmax = take(sh, C * 8);
     y.rowmax = take(sh, C * 8);
+    y.dbm = take(sh, C * y.nblk * re);
   }
   if (!d.general && pass == Pass::viterbi) y.Dt = take(sh, C * ke * 8);
   y.shared_bytes = sh;
@@ -99,19 +102,24 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   const bool bwd = pass == Pass::backward || pass == Pass::marginals;
   if (pass == Pass::logz) {
     y.ck_ring = take(ln, C * ke * re);
+    if (!d.general) y.rbm_a = take(ln, 2 * C * y.nblk * re);
   } else if (pass == Pass::viterbi) {
     y.ck_ring = take(ln, C * ke * re);
     y.bk = take(ln, (d.T + 1) * C * 4);
     y.bc = take(ln, (d.T + 1) * C * 4);
   } else {
     y.ck_ring_stride = detail::align64(C * ke * re);
-    y.ck_meta_stride = detail::align64(3 * C * 8);
+    y.ck_meta_stride = detail::align64(3 * C * 8 + 2 * C * y.nblk * re);
     y.ck_ring = take(ln, y.ck_ring_stride * y.slots);
     y.ck_meta = take(ln, y.ck_meta_stride * y.slots);
     y.ival = take(ln, y.I * C * re);
     y.nu = take(ln, y.I * 8);
     y.bring = take(ln, C * ke * re);
     y.bbase = take(ln, 2 * C * 8);
+    if (!d.general) {
+      y.rbm_a = take(ln, 2 * C * y.nblk * re);
+      y.rbm_b = take(ln, 2 * C * y.nblk * re);
+    }
   }
   if (pass == Pass::backward) {
     if (!d.general) y.dDt = take(ln, C * ke * re);
@@ -121,7 +129,8 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   }
   (void)bwd;
   y.scr = take(ln, 12 * C * 8);
-  y.tscr = take(ln, 3 * C * 8 * y.team);
+  y.tstride = detail::align64(3 * C * 8 + (2 * y.nblk + 4) * static_cast<std::int64_t>(sizeof(detail::WinBlock)));
+  y.tscr = take(ln, y.tstride * y.team);
   y.lane_bytes = ln;
   y.total = y.shared_bytes + y.lane_bytes * y.lanes;
   return y;
@@ -146,12 +155,74 @@ namespace {
 template <class E> E ninf() { return -std::numeric_limits<E>::infinity(); }
 bool finite(double x) { return std::isfinite(x); }
 
+// One contiguous run of a window: ring slots [slot0, slot0 + n) of one lap
+// (values stored relative to `base`) against D indices [k0, k0 + n).
+template <class E> struct Piece {
+  const E* a = nullptr;    // ring column + slot0
+  const E* d = nullptr;    // D column + k0
+  std::int64_t n = 0, slot0 = 0, k0 = 0;
+  double base = 0;
+  const E* rbm = nullptr;  // the lap's ring block maxima (by slot block)
+};
+using detail::WinBlock;
+
+// max over the window of x + base, exact. Blocks whose upper bound (ring
+// block max + D block max) stays kSkipBelow under the running maximum are
+// never read; the others get their exact maximum (blk[].ub, exact = 1).
+template <class E>
+double window_max(const Piece<E>* pc, const E* dbm, WinBlock* blk, int& nb) {
+  constexpr std::int64_t Bk = detail::kBlock<E>;
+  nb = 0;
+  int best = -1;
+  for (int p = 0; p < 2; ++p) {
+    const Piece<E>& P = pc[p];
+    if (P.n <= 0) continue;
+    for (std::int64_t q = P.slot0 / Bk; q <= (P.slot0 + P.n - 1) / Bk; ++q) {
+      std::int64_t i0 = std::max(P.slot0, q * Bk) - P.slot0, i1 = std::min(P.slot0 + P.n, (q + 1) * Bk) - P.slot0;
+      E dm = std::max(dbm[(P.k0 + i0) / Bk], dbm[(P.k0 + i1 - 1) / Bk]);
+      double ub = static_cast<double>(P.rbm[q]) + static_cast<double>(dm) + P.base;
+      if (ub != ub) ub = kNegInf;  // -inf + inf cannot happen; keep the bound well defined anyway
+      blk[nb] = WinBlock{p, 0, i0, i1, ub};
+      if (best < 0 || ub > blk[best].ub) best = nb;
+      ++nb;
+    }
+  }
+  if (best < 0) return kNegInf;
+  auto exact = [&](WinBlock& b) {
+    const Piece<E>& P = pc[b.piece];
+    E m = win_max(P.a + b.i0, P.d + b.i0, b.i1 - b.i0);
+    b.ub = m == -std::numeric_limits<E>::infinity() ? kNegInf : static_cast<double>(m) + P.base;
+    b.exact = 1;
+    return b.ub;
+  };
+  double M = exact(blk[best]);
+  for (int j = 0; j < nb; ++j)
+    if (j != best && !(blk[j].ub - M < detail::kSkipBelow<E>)) M = std::max(M, exact(blk[j]));
+  return M;
+}
+// Σ e^{x + base − M} over the blocks that can contribute; with dd, also
+// dd[k] += e·f (dd indexed like D). Skipped terms are exactly 0 in exp_win.
+template <class E>
+double window_sum(const Piece<E>* pc, const WinBlock* blk, int nb, double M, E f, E* dd) {
+  double sum = 0;
+  const E shift[2] = {static_cast<E>(M - pc[0].base), static_cast<E>(M - pc[1].base)};
+  for (int j = 0; j < nb; ++j) {
+    const WinBlock& b = blk[j];
+    if (b.ub - M < detail::kSkipBelow<E>) continue;
+    const Piece<E>& P = pc[b.piece];
+    if (dd) sum += win_sum_grad(P.a + b.i0, P.d + b.i0, b.i1 - b.i0, shift[b.piece], f, dd + P.k0 + b.i0);
+    else sum += win_sum(P.a + b.i0, P.d + b.i0, b.i1 - b.i0, shift[b.piece]);
+  }
+  return sum;
+}
+
 // Context shared by every lane.
 template <class E> struct FastCtx {
   std::int64_t T, K, C, ke, I;
   const E *S, *Tr, *D, *P;
   const std::int64_t* L;
-  E* Dt;  // [C][ke]: D transposed so each label's column is contiguous
+  E* Dt;   // [C][ke]: D transposed so each label's column is contiguous
+  E* dbm;  // [C][nblk]: maxima of D's column blocks
   double *eA, *eB, *colmax, *rowmax;
   Pass pass;
   const E* dlogz;
@@ -181,9 +252,20 @@ template <class E> struct FastSeq {
   double* A() const { return scr() + 6 * X.C; }                               // A[s,c] (own)
   double* sumA() const { return scr() + 7 * X.C; }                            // linear-domain sums (own)
   double* abase() const { return scr() + 8 * X.C; }                           // α ring bases [2][C]
-  double* ea() const { return at<double>(Y.tscr) + tid * 3 * X.C; }          // per thread
+  double* ea() const { return at<double>(Y.tscr + tid * Y.tstride); }  // per thread
   double* eg() const { return ea() + X.C; }
   double* arow() const { return ea() + 2 * X.C; }
+  WinBlock* blocks() const { return reinterpret_cast<WinBlock*>(ea() + 3 * X.C); }
+  E* rbm_a(std::int64_t lap, std::int64_t c) const { return at<E>(Y.rbm_a) + ((lap & 1) * X.C + c) * Y.nblk; }
+  E* rbm_b(std::int64_t lap, std::int64_t c) const { return at<E>(Y.rbm_b) + ((lap & 1) * X.C + c) * Y.nblk; }
+  // keeps the block maximum of a ring slot up to date; the first write of a
+  // lap into a block resets it
+  void block_max(E* rbm, std::int64_t slot, E v, bool first_of_lap) const {
+    constexpr std::int64_t Bk = detail::kBlock<E>;
+    std::int64_t q = slot / Bk;
+    bool first = first_of_lap || slot == std::min((q + 1) * Bk - 1, X.ke - 1);
+    rbm[q] = first || v > rbm[q] ? v : rbm[q];
+  }
   E* ival() const { return at<E>(Y.ival); }
   double* nu() const { return at<double>(Y.nu); }
   E* bring() const { return at<E>(Y.bring); }
@@ -203,7 +285,9 @@ template <class E> struct FastSeq {
     std::int64_t lap = t / X.ke;
     double& bs = base[(lap & 1) * X.C + c];
     if (t % X.ke == 0 && finite(at_)) bs = at_;
-    ring[c * X.ke + aslot(t)] = static_cast<E>(at_ - bs);
+    E v = static_cast<E>(at_ - bs);
+    ring[c * X.ke + aslot(t)] = v;
+    block_max(rbm_a(lap, c), aslot(t), v, false);
   }
   void init_aring(E* ring) const {
     double* base = abase();
@@ -211,7 +295,9 @@ template <class E> struct FastSeq {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
       base[c] = finite(a0) ? a0 : 0.0;
       base[X.C + c] = 0.0;
-      ring[c * X.ke + aslot(0)] = static_cast<E>(a0 - base[c]);
+      E v = static_cast<E>(a0 - base[c]);
+      ring[c * X.ke + aslot(0)] = v;
+      block_max(rbm_a(0, c), aslot(0), v, true);
     }
   }
   // α[t, own c] from the ring (t >= 1)
@@ -222,14 +308,13 @@ template <class E> struct FastSeq {
     for (std::int64_t c = lo; c < hi; ++c) {
       const E* col = ring + c * X.ke;
       const E* dc = X.Dt + c * X.ke;
-      double b1 = base[(lap & 1) * X.C + c], b2 = base[((lap + 1) & 1) * X.C + c];
-      E mx1 = win_max(col + (X.ke - 1 - r), dc, p1);
-      E mx2 = m > p1 ? win_max(col, dc + p1, m - p1) : ninf<E>();
-      double M = static_cast<double>(mx1) + b1;
-      if (m > p1) M = std::max(M, static_cast<double>(mx2) + b2);
+      Piece<E> pc[2];
+      pc[0] = {col + (X.ke - 1 - r), dc, p1, X.ke - 1 - r, 0, base[(lap & 1) * X.C + c], rbm_a(lap, c)};
+      pc[1] = {col, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_a(lap + 1, c)};
+      int nb = 0;
+      double M = window_max(pc, X.dbm + c * Y.nblk, blocks(), nb);
       if (M == kNegInf) { row[c] = kNegInf; continue; }
-      double sum = win_sum(col + (X.ke - 1 - r), dc, p1, static_cast<E>(M - b1));
-      if (m > p1) sum += win_sum(col, dc + p1, m - p1, static_cast<E>(M - b2));
+      double sum = window_sum<E>(pc, blocks(), nb, M, E(0), nullptr);
       row[c] = Sv(t, c) + M + std::log(sum);
     }
   }
@@ -296,6 +381,9 @@ template <class E> struct FastSeq {
           meta[c] = abase()[c];
           meta[X.C + c] = abase()[X.C + c];
           meta[2 * X.C + c] = row[c];
+          E* mb = reinterpret_cast<E*>(meta + 3 * X.C);
+          std::memcpy(mb + c * Y.nblk, rbm_a(0, c), static_cast<std::size_t>(Y.nblk) * sizeof(E));
+          std::memcpy(mb + (X.C + c) * Y.nblk, rbm_a(1, c), static_cast<std::size_t>(Y.nblk) * sizeof(E));
         }
       }
       if (ival_from >= 0 && t >= ival_from) store_ival(t - ival_from, row);
@@ -314,7 +402,9 @@ template <class E> struct FastSeq {
   void write_bring(std::int64_t s, std::int64_t c, double v) const {
     double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
     if ((s == L || s % X.ke == X.ke - 1) && finite(v)) bs = v;
-    bring()[c * X.ke + s % X.ke] = static_cast<E>(v - bs);
+    E x = static_cast<E>(v - bs);
+    bring()[c * X.ke + s % X.ke] = x;
+    block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
   // γ[s, own c], start marginals, dD and dTr contributions (s < L)
   void gamma_at(std::int64_t s, bool grads) {
@@ -325,23 +415,16 @@ template <class E> struct FastSeq {
     for (std::int64_t c = lo; c < hi; ++c) {
       const E* col = bring() + c * X.ke;
       const E* dc = X.Dt + c * X.ke;
-      double b1 = base[(lap & 1) * X.C + c], b2 = base[((lap + 1) & 1) * X.C + c];
-      E mx1 = win_max(col + p0, dc, p1);
-      E mx2 = m > p1 ? win_max(col, dc + p1, m - p1) : ninf<E>();
-      double M = static_cast<double>(mx1) + b1;
-      if (m > p1) M = std::max(M, static_cast<double>(mx2) + b2);
+      Piece<E> pc[2];
+      pc[0] = {col + p0, dc, p1, p0, 0, base[(lap & 1) * X.C + c], rbm_b(lap, c)};
+      pc[1] = {col, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_b(lap + 1, c)};
+      int nb = 0;
+      double M = window_max(pc, X.dbm + c * Y.nblk, blocks(), nb);
       double Ac = A()[c], Ssc = Sv(s, c);
       if (M == kNegInf) { gr[c] = kNegInf; sm()[c] = 0; continue; }
       double f = grads && Ac != kNegInf ? g * std::exp(M - Ssc + Ac - logz) : 0.0;
-      double sum;
-      if (static_cast<E>(f) != E(0)) {
-        E* dd = dDt() + c * X.ke;
-        sum = win_sum_grad(col + p0, dc, p1, static_cast<E>(M - b1), static_cast<E>(f), dd);
-        if (m > p1) sum += win_sum_grad(col, dc + p1, m - p1, static_cast<E>(M - b2), static_cast<E>(f), dd + p1);
-      } else {
-        sum = win_sum(col + p0, dc, p1, static_cast<E>(M - b1));
-        if (m > p1) sum += win_sum(col, dc + p1, m - p1, static_cast<E>(M - b2));
-      }
+      E* dd = static_cast<E>(f) != E(0) ? dDt() + c * X.ke : nullptr;
+      double sum = window_sum<E>(pc, blocks(), nb, M, static_cast<E>(f), dd);
       gr[c] = M - Ssc + std::log(sum);
       double st = Ac != kNegInf ? std::exp(Ac + gr[c] - logz) : 0.0;
       sm()[c] = st;
@@ -390,7 +473,13 @@ template <class E> struct FastSeq {
         double* r0 = arow();
         if (j >= 1) {
           const double* meta = ck_meta(j - 1);
-          for (std::int64_t c = lo; c < hi; ++c) { abase()[c] = meta[c]; abase()[C + c] = meta[C + c]; }
+          const E* mb = reinterpret_cast<const E*>(meta + 3 * C);
+          for (std::int64_t c = lo; c < hi; ++c) {
+            abase()[c] = meta[c];
+            abase()[C + c] = meta[C + c];
+            std::memcpy(rbm_a(0, c), mb + c * Y.nblk, static_cast<std::size_t>(Y.nblk) * sizeof(E));
+            std::memcpy(rbm_a(1, c), mb + (C + c) * Y.nblk, static_cast<std::size_t>(Y.nblk) * sizeof(E));
+          }
           for (std::int64_t c = 0; c < C; ++c) r0[c] = meta[2 * C + c];
           store_ival(0, r0);
           if (a < L) { trans_in(r0); alpha_ring_from_A(ring, a); }
@@ -484,8 +573,16 @@ template <class E> void fast_run(const Args& a, Pass pass, const E* dlogz, E* ou
   X.eB = reinterpret_cast<double*>(base + Y.eB);
   X.colmax = reinterpret_cast<double*>(base + Y.colmax);
   X.rowmax = reinterpret_cast<double*>(base + Y.rowmax);
+  X.dbm = reinterpret_cast<E*>(base + Y.dbm);
   for (std::int64_t c = 0; c < C; ++c)
     for (std::int64_t k = 0; k < ke; ++k) X.Dt[c * ke + k] = X.D[k * C + c];
+  for (std::int64_t c = 0; c < C; ++c)
+    for (std::int64_t q = 0; q < Y.nblk; ++q) {
+      E m = -std::numeric_limits<E>::infinity();
+      for (std::int64_t k = q * detail::kBlock<E>; k < std::min(ke, (q + 1) * detail::kBlock<E>); ++k)
+        m = std::max(m, X.Dt[c * ke + k]);
+      X.dbm[c * Y.nblk + q] = m;
+    }
   for (std::int64_t c = 0; c < C; ++c) {
     double cm = kNegInf, rm = kNegInf;
     for (std::int64_t o = 0; o < C; ++o) {

@@ -93,21 +93,36 @@ void wait_ticket(const std::atomic<std::int64_t>& ticket, std::int64_t mine);
 // (a lane runs one sequence at a time with a team of threads over labels).
 struct Layout {
   int lanes = 1, team = 1;
-  std::int64_t ke = 0, I = 0, slots = 0;
-  std::int64_t Dt = 0, eA = 0, eB = 0, colmax = 0, rowmax = 0, shared_bytes = 0;
+  std::int64_t ke = 0, I = 0, slots = 0, nblk = 0;
+  std::int64_t Dt = 0, eA = 0, eB = 0, colmax = 0, rowmax = 0, dbm = 0, shared_bytes = 0;
+  std::int64_t rbm_a = 0, rbm_b = 0, tstride = 0;
   std::int64_t ck_ring = 0, ck_meta = 0, ck_ring_stride = 0, ck_meta_stride = 0, ival = 0, nu = 0, bring = 0,
                bbase = 0, dDt = 0, gD = 0, gTr = 0, gP = 0, bk = 0, bc = 0, scr = 0, tscr = 0, lane_bytes = 0;
   std::int64_t total = 0;
 };
 Layout make_layout(const Dims& d, Pass pass, int threads);
-// Windowed sums over i < n of a[i] + d[i] (semicrf_win.cpp, vectorised):
-// the maximum; Σ e^{a+d−shift}; and the same sum while adding e·f to dd[i].
+// Windowed sums over i < n of x[i] = a[i] + d[i] (semicrf_win.cpp, vectorised):
+// max x; Σ e^{x − shift}; and the same sum while adding e·f to dd[i].
 float win_max(const float* a, const float* d, std::int64_t n);
 double win_max(const double* a, const double* d, std::int64_t n);
 double win_sum(const float* a, const float* d, std::int64_t n, float shift);
 double win_sum(const double* a, const double* d, std::int64_t n, double shift);
 double win_sum_grad(const float* a, const float* d, std::int64_t n, float shift, float f, float* dd);
 double win_sum_grad(const double* a, const double* d, std::int64_t n, double shift, double f, double* dd);
+// Window blocks: ring slots and k are grouped in blocks of kBlock; a block's
+// upper bound (its ring maximum + the D maximum over its k range) lets the
+// windowed logsumexp skip blocks whose terms are all exactly 0 in exp_win.
+template <class E> inline constexpr std::int64_t kBlock = sizeof(E) == 4 ? 256 : 128;
+// One block of a window: elements [i0, i1) of piece `piece`, and an upper
+// bound of x + base over them (exact once the block's max was taken).
+struct WinBlock {
+  std::int32_t piece, exact;
+  std::int64_t i0, i1;
+  double ub;
+};
+// exp_win(x) is exactly 0 for x below this (f32: -88 gives 2^-127 = 0), and a
+// safety margin against the rounding of bounds.
+template <class E> inline constexpr double kSkipBelow = sizeof(E) == 4 ? -90.0 : -710.0;
 // The general path (Tr of shape (K, C, C)), semicrf_general_cpu.cpp.
 void general_run(const Args& a, Pass pass, const void* dlogz, void* out, void* ws, int threads);
 // Bytes rounded up to 64.

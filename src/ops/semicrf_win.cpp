@@ -6,6 +6,7 @@
 // x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and the baseline, picked at load
 // time (target_clones); the default build has no -march flag.
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "ops/semicrf_cpu.hpp"
@@ -22,45 +23,46 @@ namespace ad::semicrf::detail {
 
 namespace {
 template <class E> constexpr int kW = static_cast<int>(64 / sizeof(E));
+// GCC/Clang vector extensions: the compare-select below vectorises on every
+// target (a scalar ?: reduction would not be if-converted under -ftrapping-math).
+template <class E> struct Vec { typedef E type __attribute__((vector_size(64))); };
+
+// x = a + d over W elements
+template <class E, class V> [[gnu::always_inline]] inline void load_sum(V& x, const E* a, const E* d) {
+  V va, vd;
+  std::memcpy(&va, a, sizeof(V));
+  std::memcpy(&vd, d, sizeof(V));
+  x = va + vd;
+}
 
 template <class E>
 [[gnu::always_inline]] inline E max_body(const E* __restrict a, const E* __restrict d, std::int64_t n) {
   constexpr int W = kW<E>;
+  using V = typename Vec<E>::type;
   const E ninf = -std::numeric_limits<E>::infinity();
-  E m[W];
-  for (int l = 0; l < W; ++l) m[l] = ninf;
+  V m0, m1, v, w;
+  for (int l = 0; l < W; ++l) m0[l] = m1[l] = ninf;
   std::int64_t i = 0;
-  for (; i + W <= n; i += W)
-    for (int l = 0; l < W; ++l) {
-      E v = a[i + l] + d[i + l];
-      m[l] = sel(v > m[l], v, m[l]);
-    }
-  E r = ninf;
-  for (; i < n; ++i) {
-    E v = a[i] + d[i];
-    r = sel(v > r, v, r);
+  for (; i + 2 * W <= n; i += 2 * W) {  // two accumulators: the max has latency
+    load_sum(v, a + i, d + i);
+    load_sum(w, a + i + W, d + i + W);
+    m0 = v > m0 ? v : m0;
+    m1 = w > m1 ? w : m1;
   }
-  for (int l = 0; l < W; ++l) r = sel(m[l] > r, m[l], r);
+  m0 = m1 > m0 ? m1 : m0;
+  E r = ninf;
+  for (int l = 0; l < W; ++l) r = m0[l] > r ? m0[l] : r;
+  for (; i < n; ++i) {
+    E x = a[i] + d[i];
+    r = x > r ? x : r;
+  }
   return r;
 }
 
-template <class E>
-[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift) {
-  constexpr int W = kW<E>;
-  E s[W];
-  for (int l = 0; l < W; ++l) s[l] = E(0);
-  std::int64_t i = 0;
-  for (; i + W <= n; i += W)
-    for (int l = 0; l < W; ++l) s[l] += exp_win(static_cast<E>(a[i + l] + d[i + l]) - shift);
-  double r = 0;
-  for (; i < n; ++i) r += static_cast<double>(exp_win(static_cast<E>(a[i] + d[i]) - shift));
-  for (int l = 0; l < W; ++l) r += static_cast<double>(s[l]);
-  return r;
-}
-
-template <class E>
-[[gnu::always_inline]] inline double sum_grad_body(const E* __restrict a, const E* __restrict d, std::int64_t n,
-                                                    E shift, E f, E* __restrict dd) {
+// Σ exp_win(a + d − shift), per lane in E, lanes combined in f64 in a fixed order.
+template <class E, bool Grad>
+[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
+                                              E f, E* __restrict dd) {
   constexpr int W = kW<E>;
   E s[W];
   for (int l = 0; l < W; ++l) s[l] = E(0);
@@ -69,13 +71,13 @@ template <class E>
     for (int l = 0; l < W; ++l) {
       E e = exp_win(static_cast<E>(a[i + l] + d[i + l]) - shift);
       s[l] += e;
-      dd[i + l] += e * f;
+      if constexpr (Grad) dd[i + l] += e * f;
     }
   double r = 0;
   for (; i < n; ++i) {
     E e = exp_win(static_cast<E>(a[i] + d[i]) - shift);
     r += static_cast<double>(e);
-    dd[i] += e * f;
+    if constexpr (Grad) dd[i] += e * f;
   }
   for (int l = 0; l < W; ++l) r += static_cast<double>(s[l]);
   return r;
@@ -85,18 +87,18 @@ template <class E>
 AD_SEMICRF_CLONES float win_max(const float* a, const float* d, std::int64_t n) { return max_body(a, d, n); }
 AD_SEMICRF_CLONES double win_max(const double* a, const double* d, std::int64_t n) { return max_body(a, d, n); }
 AD_SEMICRF_CLONES double win_sum(const float* a, const float* d, std::int64_t n, float shift) {
-  return sum_body(a, d, n, shift);
+  return sum_body<float, false>(a, d, n, shift, 0.0f, nullptr);
 }
 AD_SEMICRF_CLONES double win_sum(const double* a, const double* d, std::int64_t n, double shift) {
-  return sum_body(a, d, n, shift);
+  return sum_body<double, false>(a, d, n, shift, 0.0, nullptr);
 }
 AD_SEMICRF_CLONES double win_sum_grad(const float* a, const float* d, std::int64_t n, float shift, float f,
                                       float* dd) {
-  return sum_grad_body(a, d, n, shift, f, dd);
+  return sum_body<float, true>(a, d, n, shift, f, dd);
 }
 AD_SEMICRF_CLONES double win_sum_grad(const double* a, const double* d, std::int64_t n, double shift, double f,
                                       double* dd) {
-  return sum_grad_body(a, d, n, shift, f, dd);
+  return sum_body<double, true>(a, d, n, shift, f, dd);
 }
 
 }  // namespace ad::semicrf::detail
