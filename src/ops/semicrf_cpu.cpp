@@ -36,6 +36,15 @@ namespace ad::semicrf {
 
 // ---- threads ----
 namespace detail {
+namespace {
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+// Spins briefly (the partner is usually a few microseconds away), then
+// yields, so an oversubscribed machine hands the core to the thread waited for.
 void Barrier::wait() {
   if (n_ <= 1) return;
   int g = gen_.load(std::memory_order_acquire);
@@ -44,8 +53,10 @@ void Barrier::wait() {
     gen_.fetch_add(1, std::memory_order_acq_rel);
     return;
   }
-  for (int spins = 0; gen_.load(std::memory_order_acquire) == g; ++spins)
-    if (spins > 256) std::this_thread::yield();
+  for (int spins = 0; gen_.load(std::memory_order_acquire) == g; ++spins) {
+    if (spins < 200) cpu_pause();
+    else std::this_thread::yield();
+  }
 }
 void wait_ticket(const std::atomic<std::int64_t>& ticket, std::int64_t mine) {
   for (int spins = 0; ticket.load(std::memory_order_acquire) != mine; ++spins)

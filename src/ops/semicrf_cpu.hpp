@@ -69,7 +69,7 @@ void check_segments(const char* op, const Args& a, const std::int64_t* seg);
 
 // ---- internal: shared by the kernel files ----
 namespace detail {
-// Sense-reversing barrier for a team of n threads (spins briefly, then yields).
+// Barrier for a team of n threads (spins briefly, then yields).
 class Barrier {
  public:
   explicit Barrier(int n) : n_(n) {}
