@@ -338,8 +338,9 @@ TEST_CASE("semicrf results do not depend on the thread count") {
 }
 
 TEST_CASE("semicrf working memory: the bound, and the allocator measures the workspace") {
-  for (auto [T, K, C] : {std::array<std::int64_t, 3>{400000, 3000, 24}, {100000, 1000, 16}, {10000, 100, 24},
+  for (const auto& tkc : {std::array<std::int64_t, 3>{400000, 3000, 24}, {100000, 1000, 16}, {10000, 100, 24},
                           {50, 200, 3}, {1000, 1000, 4}, {7, 3, 2}}) {
+    const std::int64_t T = tkc[0], K = tkc[1], C = tkc[2];
     semicrf::Dims d{1, T, K, C, false, 4};
     double bound = 2 * std::sqrt(static_cast<double>(T) * static_cast<double>(std::min(K, T))) * static_cast<double>(C) +
                    static_cast<double>(std::min(K, T) * C);
