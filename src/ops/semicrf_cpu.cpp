@@ -82,6 +82,10 @@ using detail::win_max;
 using detail::win_sum;
 using detail::win_sum_grad;
 
+// Labels are split over a team (one barrier per position) only when a
+// position's window work is large: Ke·C terms.
+constexpr std::int64_t kTeamWork = 16384;
+
 Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   Layout y;
   y.ke = d.ke();
@@ -90,7 +94,7 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   threads = std::max(threads, 1);
   y.lanes = static_cast<int>(std::min<std::int64_t>(d.B > 0 ? d.B : 1, threads));
   y.team = 1;
-  if (!d.general && pass != Pass::viterbi && y.ke * d.C >= 2048 && d.C >= 2)
+  if (!d.general && pass != Pass::viterbi && y.ke * d.C >= kTeamWork && d.C >= 2)
     y.team = static_cast<int>(std::min<std::int64_t>(threads / y.lanes, d.C));
   y.team = std::max(y.team, 1);
   const std::int64_t C = d.C, ke = y.ke;
@@ -140,7 +144,7 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   }
   (void)bwd;
   y.scr = take(ln, 12 * C * 8);
-  y.tstride = detail::align64(3 * C * 8 + (2 * y.nblk + 4) * static_cast<std::int64_t>(sizeof(detail::WinBlock)));
+  y.tstride = detail::align64(7 * C * 8 + (2 * y.nblk + 4) * static_cast<std::int64_t>(sizeof(detail::WinBlock)));
   y.tscr = take(ln, y.tstride * y.team);
   y.lane_bytes = ln;
   y.total = y.shared_bytes + y.lane_bytes * y.lanes;
@@ -258,15 +262,17 @@ template <class E> struct FastSeq {
   double* scr() const { return at<double>(Y.scr); }
   double* al(std::int64_t t) const { return scr() + (t & 1) * X.C; }        // α rows, by parity
   double* gam(std::int64_t s) const { return scr() + (2 + (s & 1)) * X.C; }  // γ rows, by parity
-  double* sm() const { return scr() + 4 * X.C; }                              // start marginals (own)
-  double* run() const { return scr() + 5 * X.C; }                             // marginals running sum (own)
-  double* A() const { return scr() + 6 * X.C; }                               // A[s,c] (own)
-  double* sumA() const { return scr() + 7 * X.C; }                            // linear-domain sums (own)
+  // per label, but only the owning thread touches them: kept in the thread's
+  // own scratch (no cache line shared between threads)
+  double* sm() const { return ea() + 3 * X.C; }    // start marginals
+  double* run() const { return ea() + 4 * X.C; }   // marginals running sum
+  double* A() const { return ea() + 5 * X.C; }     // A[s,c]
+  double* sumA() const { return ea() + 6 * X.C; }  // linear-domain sums
   double* abase() const { return scr() + 8 * X.C; }                           // α ring bases [2][C]
   double* ea() const { return at<double>(Y.tscr + tid * Y.tstride); }  // per thread
   double* eg() const { return ea() + X.C; }
   double* arow() const { return ea() + 2 * X.C; }
-  WinBlock* blocks() const { return reinterpret_cast<WinBlock*>(ea() + 3 * X.C); }
+  WinBlock* blocks() const { return reinterpret_cast<WinBlock*>(ea() + 7 * X.C); }
   E* rbm_a(std::int64_t lap, std::int64_t c) const { return at<E>(Y.rbm_a) + ((lap & 1) * X.C + c) * Y.nblk; }
   E* rbm_b(std::int64_t lap, std::int64_t c) const { return at<E>(Y.rbm_b) + ((lap & 1) * X.C + c) * Y.nblk; }
   // keeps the block maximum of a ring slot up to date; the first write of a

@@ -64,15 +64,27 @@ template <class E, bool Grad>
 [[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
                                               E f, E* __restrict dd) {
   constexpr int W = kW<E>;
+  using V = typename Vec<E>::type;
+  using M = decltype(V{} > V{});
+  const E lo = sizeof(E) == 4 ? E(-88) : E(-708);
   E s[W];
   for (int l = 0; l < W; ++l) s[l] = E(0);
   std::int64_t i = 0;
-  for (; i + W <= n; i += W)
+  for (; i + W <= n; i += W) {
+    // a chunk whose every term is below exp_win's zero threshold adds exactly 0: skip it
+    V x;
+    load_sum(x, a + i, d + i);
+    M live = (x - shift) >= lo;
+    std::uint64_t bits[sizeof(M) / 8], any = 0;
+    std::memcpy(bits, &live, sizeof(M));
+    for (std::size_t u = 0; u < sizeof(M) / 8; ++u) any |= bits[u];
+    if (!any) continue;
     for (int l = 0; l < W; ++l) {
       E e = exp_win(static_cast<E>(a[i + l] + d[i + l]) - shift);
       s[l] += e;
       if constexpr (Grad) dd[i + l] += e * f;
     }
+  }
   double r = 0;
   for (; i < n; ++i) {
     E e = exp_win(static_cast<E>(a[i] + d[i]) - shift);
