@@ -315,6 +315,7 @@ TEST_CASE("semicrf results do not depend on the thread count") {
       a.dtype = t;
       a.S = in.S.raw(); a.Tr = in.Tr.raw(); a.D = in.D.raw(); a.P = in.P.raw();
       a.L = in.L.data<std::int64_t>();
+      a.force_team = true;
       Tensor dz = f64s(weights(m.B), {m.B}).to(t);
       std::int64_t n = in.S.numel() + in.Tr.numel() + in.D.numel() + in.P.numel();
       std::vector<Tensor> outs, margs;

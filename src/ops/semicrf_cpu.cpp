@@ -24,6 +24,7 @@
 #include "ops/semicrf_cpu.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -575,6 +576,36 @@ template <class E> struct FastSeq {
   }
 };
 
+// Labels split over a team pay only if a barrier is cheap next to a
+// position's work (microseconds). On an oversubscribed machine a barrier
+// waits for a descheduled thread (milliseconds), and one thread is faster. So
+// the team first times a few hundred barriers (at most ~2 ms) and keeps the
+// team only if one costs under 1.5 µs. Results do not depend on the choice.
+int calibrate_team(int n) {
+  detail::Barrier bar(n);
+  std::atomic<bool> stop{false};
+  double per = 0;
+  detail::run_threads(n, [&](int tid) {
+    auto t0 = std::chrono::steady_clock::now();
+    int r = 0;
+    for (;;) {
+      if (tid == 0) {
+        double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        ++r;
+        if (r >= 200 || el > 2e-3) {
+          per = el / (2.0 * r);
+          stop.store(true, std::memory_order_release);
+        }
+      }
+      bar.wait();
+      bool st = stop.load(std::memory_order_acquire);
+      bar.wait();
+      if (st) break;
+    }
+  });
+  return per < 1.5e-6 ? n : 1;
+}
+
 template <class E> void fast_run(const Args& a, Pass pass, const E* dlogz, E* out, void* ws, int threads) {
   const Dims& d = a.d;
   const Layout Y = detail::make_layout(d, pass, threads);
@@ -617,13 +648,14 @@ template <class E> void fast_run(const Args& a, Pass pass, const E* dlogz, E* ou
   const std::int64_t nS = d.B * (T + 1) * C, nTr = d.tr_numel(), nD = d.K * C;
   if (pass == Pass::backward) std::fill(out + nS, out + nS + nTr + nD + C, E(0));
   std::atomic<std::int64_t> ticket{0};
+  const int team = Y.team > 1 && !a.force_team ? calibrate_team(Y.team) : Y.team;
   std::vector<std::unique_ptr<detail::Barrier>> bars;
-  for (int l = 0; l < Y.lanes; ++l) bars.push_back(std::make_unique<detail::Barrier>(Y.team));
-  detail::run_threads(Y.lanes * Y.team, [&](int id) {
-    const int lane = id / Y.team, tid = id % Y.team;
+  for (int l = 0; l < Y.lanes; ++l) bars.push_back(std::make_unique<detail::Barrier>(team));
+  detail::run_threads(Y.lanes * team, [&](int id) {
+    const int lane = id / team, tid = id % team;
     char* lb = base + Y.shared_bytes + lane * Y.lane_bytes;
-    FastSeq<E> q{X, Y, lb, tid, Y.team, bars[static_cast<std::size_t>(lane)].get(), C * tid / Y.team,
-                 C * (tid + 1) / Y.team};
+    FastSeq<E> q{X, Y, lb, tid, team, bars[static_cast<std::size_t>(lane)].get(), C * tid / team,
+                 C * (tid + 1) / team};
     if (pass == Pass::backward) {
       for (std::int64_t c = q.lo; c < q.hi; ++c) {
         for (std::int64_t k = 0; k < ke; ++k) { q.dDt()[c * ke + k] = E(0); q.gD()[c * ke + k] = 0; }

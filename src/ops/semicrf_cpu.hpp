@@ -45,6 +45,9 @@ struct Args {
   DType dtype = DType::f32;
   const void *S = nullptr, *Tr = nullptr, *D = nullptr, *P = nullptr;
   const std::int64_t* L = nullptr;
+  // Tests: use the layout's label team without timing barriers first (the
+  // kernels otherwise drop to one thread per sequence when barriers are slow).
+  bool force_team = false;
 };
 
 // Throws (kernel_fail, naming `op`) unless 1 <= L[b] <= T for all b.
