@@ -292,11 +292,12 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::printf("  {\"T\": %lld, \"K\": %lld, \"C\": %lld, \"I\": %lld, \"forward_s\": %.6f, \"backward_s\": %.6f, "
                   "\"workspace_bytes\": %lld, \"workspace_predicted\": %lld, \"bound_values\": %.1f, \"sequence_values\": %lld, "
-                  "\"f64_forward_s\": %.6f, \"logz_f32\": %.10g, \"logz_f64\": %.17g, \"naive_s\": %.6f}%s\n",
+                  "\"f64_forward_s\": %.6f, \"logz_f32\": %.10g, \"logz_f64\": %s, \"naive_s\": %.6f}%s\n",
                   static_cast<long long>(r.T), static_cast<long long>(r.K), static_cast<long long>(r.C),
                   static_cast<long long>(r.I), r.fwd_s, r.bwd_s, static_cast<long long>(r.ws_measured),
                   static_cast<long long>(r.ws_predicted), r.bound_values, static_cast<long long>(r.seq_values),
-                  r.f64_fwd_s, r.logz32, r.logz64, r.naive_s, i + 1 < rows.size() ? "," : "");
+                  r.f64_fwd_s, r.logz32, std::isnan(r.logz64) ? "null" : fmt::format("{:.17g}", r.logz64).c_str(),
+                  r.naive_s, i + 1 < rows.size() ? "," : "");
     }
     std::printf("]\n");
   }
