@@ -115,7 +115,6 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   if (!d.general && pass == Pass::viterbi) y.Dt = take(sh, C * ke * 8);
   y.shared_bytes = sh;
   std::int64_t ln = 0;
-  const bool bwd = pass == Pass::backward || pass == Pass::marginals;
   if (pass == Pass::logz) {
     y.ck_ring = take(ln, C * ke * re);
     if (!d.general) y.rbm_a = take(ln, 2 * C * y.nblk * re);
@@ -143,7 +142,6 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
     y.gTr = take(ln, (d.general ? ke : 1) * C * C * 8);
     y.gP = take(ln, C * 8);
   }
-  (void)bwd;
   y.scr = take(ln, 12 * C * 8);
   y.tstride = detail::align64(7 * C * 8 + (2 * y.nblk + 4) * static_cast<std::int64_t>(sizeof(detail::WinBlock)));
   y.tscr = take(ln, y.tstride * y.team);

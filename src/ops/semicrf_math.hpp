@@ -1,7 +1,7 @@
 #pragma once
 // Per-element math of the semi-Markov CRF, shared by the CPU kernels and (later)
-// the CUDA kernels (AD_HD). Everything here is branch-free so the windowed
-// loops over k vectorise.
+// the CUDA kernels (AD_HD). exp_win is branch-free so the windowed loops over
+// k vectorise.
 //
 // The model (docs/design.md, "Semi-Markov CRF"): a segment of label c over
 // positions s..s+k-1 scores S[s+k,c] - S[s,c] + D[k-1,c], plus P[c] if it is
@@ -92,9 +92,6 @@ AD_HD double exp_win(double x) {
   return sel(zero, 0.0, p * s);
 }
 
-// max(a, b) as the window maximum uses it (a NaN-free input never yields NaN).
-template <class T> AD_HD T vmax(T a, T b) { return a > b ? a : b; }
-
 // The score of one segment of label c over positions s..s+k-1, without the
 // start / transition term: S[s+k,c] - S[s,c] + D[k-1,c]. S_c points at
 // S[0,c] with row stride C; D_c at D[0,c] with row stride C.
@@ -102,13 +99,6 @@ template <class T>
 AD_HD double segment_score(const T* S_c, const T* D_c, std::int64_t C, std::int64_t s, std::int64_t k) {
   return static_cast<double>(S_c[(s + k) * C]) - static_cast<double>(S_c[s * C]) +
          static_cast<double>(D_c[(k - 1) * C]);
-}
-
-// log(e^a + e^b) in f64, -inf safe.
-AD_HD double lse2(double a, double b) {
-  double m = a > b ? a : b;
-  if (m == kNegInf) return kNegInf;
-  return m + std::log(std::exp(a - m) + std::exp(b - m));
 }
 
 // Streaming logsumexp in f64: add() values one at a time, value() at the end.
