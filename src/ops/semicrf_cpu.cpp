@@ -180,9 +180,11 @@ template <class E> struct Piece {
 };
 using detail::WinBlock;
 
-// max over the window of x + base, exact. Blocks whose upper bound (ring
-// block max + D block max) stays kSkipBelow under the running maximum are
-// never read; the others get their exact maximum (blk[].ub, exact = 1).
+// The shift for the window's exp-sum: an upper bound of x + base within
+// kLooseShift of the true maximum, or the exact maximum. For the exact one,
+// blocks whose upper bound (ring block max + D block max) stays kSkipBelow
+// under the running maximum are never read; the others get their exact
+// maximum (blk[].ub, exact = 1).
 template <class E>
 double window_max(const Piece<E>* pc, const E* dbm, WinBlock* blk, int& nb) {
   constexpr std::int64_t Bk = detail::kBlock<E>;
@@ -202,6 +204,18 @@ double window_max(const Piece<E>* pc, const E* dbm, WinBlock* blk, int& nb) {
     }
   }
   if (best < 0) return kNegInf;
+  // Shift by the largest bound U instead of the exact maximum when the first
+  // term (k = 1, usually near the maximum) proves the maximum within kLooseShift
+  // of U: the sum's largest term is then >= e^{-kLooseShift}, far from
+  // underflow, and no block needs its exact maximum.
+  const double U = blk[best].ub;
+  for (int p = 0; p < 2; ++p) {
+    const Piece<E>& P = pc[p];
+    if (P.n <= 0) continue;
+    double first = static_cast<double>(P.a[0] + P.d[0]) + P.base;
+    if (U - first <= detail::kLooseShift<E>) return U;
+    break;
+  }
   auto exact = [&](WinBlock& b) {
     const Piece<E>& P = pc[b.piece];
     E m = win_max(P.a + b.i0, P.d + b.i0, b.i1 - b.i0);

@@ -126,6 +126,9 @@ struct WinBlock {
 // exp_win(x) is exactly 0 for x below this (f32: -88 gives 2^-127 = 0), and a
 // safety margin against the rounding of bounds.
 template <class E> inline constexpr double kSkipBelow = sizeof(E) == 4 ? -90.0 : -710.0;
+// A window may be shifted by an upper bound of its maximum that is at most
+// this far above it (the largest term stays >= e^-57 in f32, e^-600 in f64).
+template <class E> inline constexpr double kLooseShift = sizeof(E) == 4 ? 57.0 : 600.0;
 // The general path (Tr of shape (K, C, C)), semicrf_general_cpu.cpp.
 void general_run(const Args& a, Pass pass, const void* dlogz, void* out, void* ws, int threads);
 // Bytes rounded up to 64.

@@ -70,21 +70,34 @@ template <class E, bool Grad>
   E s[W];
   for (int l = 0; l < W; ++l) s[l] = E(0);
   std::int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    // a chunk whose every term is below exp_win's zero threshold adds exactly 0: skip it
-    V x;
-    load_sum(x, a + i, d + i);
-    M live = (x - shift) >= lo;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    // a group of 4W terms all below exp_win's zero threshold adds exactly 0: skip it
+    V x0, x1, x2, x3;
+    load_sum(x0, a + i, d + i);
+    load_sum(x1, a + i + W, d + i + W);
+    load_sum(x2, a + i + 2 * W, d + i + 2 * W);
+    load_sum(x3, a + i + 3 * W, d + i + 3 * W);
+    x0 = x1 > x0 ? x1 : x0;
+    x2 = x3 > x2 ? x3 : x2;
+    x0 = x2 > x0 ? x2 : x0;
+    M live = (x0 - shift) >= lo;
     std::uint64_t bits[sizeof(M) / 8], any = 0;
     std::memcpy(bits, &live, sizeof(M));
     for (std::size_t u = 0; u < sizeof(M) / 8; ++u) any |= bits[u];
     if (!any) continue;
+    for (int u = 0; u < 4 * W; u += W)
+      for (int l = 0; l < W; ++l) {
+        E e = exp_win(static_cast<E>(a[i + u + l] + d[i + u + l]) - shift);
+        s[l] += e;
+        if constexpr (Grad) dd[i + u + l] += e * f;
+      }
+  }
+  for (; i + W <= n; i += W)
     for (int l = 0; l < W; ++l) {
       E e = exp_win(static_cast<E>(a[i + l] + d[i + l]) - shift);
       s[l] += e;
       if constexpr (Grad) dd[i + l] += e * f;
     }
-  }
   double r = 0;
   for (; i < n; ++i) {
     E e = exp_win(static_cast<E>(a[i] + d[i]) - shift);
