@@ -306,6 +306,7 @@ std::vector<GradCase> gradcheck_cases() {
   reductions(c, rng);
   nn_ops(c, rng);
   attention_gradcheck_cases(c.v, rng);
+  semicrf_gradcheck_cases(c.v, rng);
   return std::move(c.v);
 }
 

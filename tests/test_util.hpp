@@ -86,6 +86,8 @@ struct GradCase {
 std::vector<GradCase> gradcheck_cases();
 // Cases of op families kept in their own test files, appended by gradcheck_cases().
 void attention_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
+// Cases of the semi-Markov CRF ops (tests/semicrf.cpp).
+void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 
 struct Mismatch {
   std::size_t input;

@@ -9,6 +9,7 @@
 #include "ad/graph.hpp"
 #include "ad/ops.hpp"
 #include "ad/schedule.hpp"
+#include "ad/semicrf.hpp"
 #include "ad/tensor.hpp"
 #include "ad/trace.hpp"
 #include "ad/version.hpp"

@@ -1,0 +1,70 @@
+#pragma once
+// Semi-Markov CRF layer: log-partition, gold-segmentation score, Viterbi
+// decoding and posterior marginals over segmentations of long sequences.
+//
+// The model (docs/design.md, "Semi-Markov CRF"). For a batch of B sequences:
+//   S  (B, T+1, C)  cumulative label scores, S[:, 0, :] = 0 (semicrf_cumulative)
+//   Tr (C, C)       transitions c' -> c, or (K, C, C): one matrix per duration
+//   D  (K, C)       duration bias; K is the maximum segment length, K >= 1
+//   P  (C)          start scores
+//   L  (B) i64      lengths, 1 <= L[b] <= T
+// A segment of label c over positions s..s+k-1 (1 <= k <= K) scores
+//   S[s+k,c] - S[s,c] + D[k-1,c] + (first segment ? P[c] : Tr[c',c] or Tr[k-1,c',c])
+// where c' is the previous segment's label. A segmentation of 0..L[b]-1 scores
+// the sum over its segments; logZ[b] = log sum over all segmentations of exp(score).
+// -inf scores mean "forbidden": a sequence with no allowed segmentation has
+// logZ = -inf, zero gradients and zero marginals (never NaN).
+//
+// Segments encoding (gold segmentations, Viterbi output): i64 (B, T) with
+// segments[b, t] = c where a segment of label c starts at t, and -1 at every
+// other position (inside a segment, and at t >= L[b]). A segment runs to the
+// next start or to L[b].
+//
+// Shape and dtype errors throw ad::Error when the graph is built; invalid
+// lengths or segments (known only from the data) throw when the op runs.
+#include "ad/graph.hpp"
+
+namespace ad {
+
+// scores (B, T, C) f32/f64 -> S (B, T+1, C): S[b,0,:] = 0,
+// S[b,t+1,c] = S[b,t,c] + scores[b,t,c] - m_b, summed in f64, where m_b is the
+// mean of scores[b] over t and c. The shift by one constant per sequence
+// keeps the sums small and changes every segmentation of b by the same
+// -L[b]·m_b: logZ and score shift alike; NLL = logZ - score, marginals and
+// Viterbi do not change. Differentiable.
+Var semicrf_cumulative(const Operand& scores);
+
+// logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
+// pass produces all four gradients). Working memory per sequence of the
+// backward pass is at most 2·√(T·K)·C + K·C values (plus O(C) per checkpoint
+// and per position of an interval); see docs/design.md.
+Var semicrf_logz(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);
+
+// Score (B) of the segmentations `segments` (i64 (B, T), encoding above),
+// with the conventions of semicrf_logz, so logZ - score >= 0.
+// Differentiable w.r.t. S, Tr, D and P. Throws (at run time) for segments
+// with a gap at position 0, a label outside 0..C-1, a segment longer than K,
+// or a segment starting at or beyond L[b].
+Var semicrf_score(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L,
+                  const Operand& segments);
+
+// Best segmentation, i64 (B, T) in the segments encoding (max semiring, ties
+// to the shortest segment, then the lowest label). Not differentiable.
+// Throws (at run time) if a sequence has no allowed segmentation.
+Var semicrf_viterbi(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);
+
+// The best segmentation and its score (semicrf_score of it: differentiable,
+// e.g. for a structured perceptron or a max-margin loss).
+struct SemicrfDecode {
+  Var segments;  // i64 (B, T)
+  Var score;     // (B)
+};
+SemicrfDecode semicrf_decode(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P,
+                             const Operand& L);
+
+// Posterior marginals (B, T, C): the probability that position t lies in a
+// segment of label c (0 for t >= L[b], and for a sequence with logZ = -inf).
+// Not differentiable (differentiate semicrf_logz instead).
+Var semicrf_marginals(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);
+
+}  // namespace ad

@@ -1,0 +1,115 @@
+#pragma once
+// Per-element math of the semi-Markov CRF, shared by the CPU kernels and (later)
+// the CUDA kernels (AD_HD). exp_win is branch-free so the windowed loops over
+// k vectorise.
+//
+// The model (docs/design.md, "Semi-Markov CRF"): a segment of label c over
+// positions s..s+k-1 scores S[s+k,c] - S[s,c] + D[k-1,c], plus P[c] if it is
+// the first segment, plus Tr[c',c] (or Tr[k-1,c',c]) after a segment of label c'.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "ad/hd.hpp"
+
+namespace ad::semicrf {
+
+inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// c ? a : b as a bit mask (no branch; see core/math.hpp for why).
+AD_HD float sel(bool c, float a, float b) {
+  std::uint32_t ua, ub;
+  std::memcpy(&ua, &a, 4);
+  std::memcpy(&ub, &b, 4);
+  std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  std::uint32_t r = (ua & m) | (ub & ~m);
+  float f;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+AD_HD double sel(bool c, double a, double b) {
+  std::uint64_t ua, ub;
+  std::memcpy(&ua, &a, 8);
+  std::memcpy(&ub, &b, 8);
+  std::uint64_t m = 0ull - static_cast<std::uint64_t>(c);
+  std::uint64_t r = (ua & m) | (ub & ~m);
+  double f;
+  std::memcpy(&f, &r, 8);
+  return f;
+}
+
+// e^x for the window sums, where x = value - max <= 0 up to rounding.
+// f32: x clamped to [-88, 80]; everything below about -87.3 (and -inf, a
+// forbidden term) gives exactly 0 (2^-127 is built as the zero bit pattern).
+// x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
+// (relative error < 2e-7).
+AD_HD float exp_win(float x) {
+  x = sel(x < -88.0f, -88.0f, x);
+  x = sel(x > 80.0f, 80.0f, x);
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  std::int32_t ni = static_cast<std::int32_t>(n);
+  std::uint32_t b = static_cast<std::uint32_t>(ni + 127) << 23;  // n = -127: 0.0f
+  float s;
+  std::memcpy(&s, &b, 4);
+  return p * s;
+}
+// f64: x clamped to [-708, 700], degree-12 Taylor polynomial on |r| <= ln2/2
+// (truncation < 2e-16 relative); x < -708 (and -inf) gives exactly 0.
+AD_HD double exp_win(double x) {
+  bool zero = x < -708.0;
+  x = sel(zero, -708.0, x);
+  x = sel(x > 700.0, 700.0, x);
+  double n = (x * 1.4426950408889634074 + 6755399441055744.0) - 6755399441055744.0;
+  double r = x - n * 0.693147180369123816490;  // ln2 split: hi has 32 significant bits
+  r = r - n * 1.90821492927058770002e-10;
+  double p = 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  std::int64_t ni = static_cast<std::int64_t>(n);
+  std::uint64_t b = static_cast<std::uint64_t>(ni + 1023) << 52;
+  double s;
+  std::memcpy(&s, &b, 8);
+  return sel(zero, 0.0, p * s);
+}
+
+// The score of one segment of label c over positions s..s+k-1, without the
+// start / transition term: S[s+k,c] - S[s,c] + D[k-1,c]. S_c points at
+// S[0,c] with row stride C; D_c at D[0,c] with row stride C.
+template <class T>
+AD_HD double segment_score(const T* S_c, const T* D_c, std::int64_t C, std::int64_t s, std::int64_t k) {
+  return static_cast<double>(S_c[(s + k) * C]) - static_cast<double>(S_c[s * C]) +
+         static_cast<double>(D_c[(k - 1) * C]);
+}
+
+// Streaming logsumexp in f64: add() values one at a time, value() at the end.
+struct LseAcc {
+  double m = kNegInf, s = 0;
+  AD_HD void add(double x) {
+    if (x == kNegInf) return;
+    if (x > m) { s = s * std::exp(m - x) + 1.0; m = x; }
+    else s += std::exp(x - m);
+  }
+  AD_HD double value() const { return m == kNegInf ? kNegInf : m + std::log(s); }
+};
+
+}  // namespace ad::semicrf
