@@ -305,6 +305,7 @@ std::vector<GradCase> gradcheck_cases() {
   shape_ops(c, rng);
   reductions(c, rng);
   nn_ops(c, rng);
+  semiseparable_gradcheck_cases(c.v, rng);
   return std::move(c.v);
 }
 

@@ -84,6 +84,8 @@ struct GradCase {
 
 // The registered gradcheck cases (tests/gradcheck_cases.cpp), fresh tensors every call.
 std::vector<GradCase> gradcheck_cases();
+// Per-family case lists (each in its family's test file), appended by gradcheck_cases().
+void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 
 struct Mismatch {
   std::size_t input;

@@ -6,5 +6,6 @@
 #include "ad/graph.hpp"
 #include "ad/ops.hpp"
 #include "ad/schedule.hpp"
+#include "ad/semiseparable.hpp"
 #include "ad/tensor.hpp"
 #include "ad/version.hpp"

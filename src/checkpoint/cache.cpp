@@ -34,7 +34,7 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
     k.push_back(static_cast<std::uint64_t>(a.stop));
     dbl(a.scalar);
     k.push_back(static_cast<std::uint64_t>(a.keepdim) | (static_cast<std::uint64_t>(a.trans_a) << 1) |
-                (static_cast<std::uint64_t>(a.trans_b) << 2) | (static_cast<std::uint64_t>(a.reduction) << 8) |
+                (static_cast<std::uint64_t>(a.trans_b) << 2) | (static_cast<std::uint64_t>(a.causal) << 3) | (static_cast<std::uint64_t>(a.reduction) << 8) |
                 (static_cast<std::uint64_t>(a.dtype) << 16) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.which)) << 32));
     k.push_back(a.seed);
     k.push_back(a.offset);

@@ -39,6 +39,7 @@ struct Attrs {
   std::int32_t which = 0;      // multi-part backward: which gradient this node is
   DType dtype = DType::f32;    // cast / full target dtype
   std::uint64_t seed = 0, offset = 0;  // random ops
+  bool causal = false;         // semiseparable_matvec: keep only the lower triangle of H
 };
 
 struct ParamState : std::enable_shared_from_this<ParamState> {

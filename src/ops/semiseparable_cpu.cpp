@@ -1,0 +1,425 @@
+// CPU kernels of semiseparable_matvec (and its gradient) and of the
+// Woodbury solve (and its gradient). See semiseparable_cpu.hpp.
+#include "ops/semiseparable_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/graph_impl.hpp"
+#include "ops/parallel.hpp"
+
+namespace ad::semisep {
+
+namespace {
+using i64 = std::int64_t;
+
+// acc[k, :] += w[k] x[:]  (k < r, D columns)
+template <class T> inline void outer_acc(T* __restrict acc, const T* __restrict w, const T* __restrict x, i64 r, i64 D) {
+  for (i64 k = 0; k < r; ++k) {
+    T wk = w[k];
+    T* a = acc + k * D;
+    for (i64 c = 0; c < D; ++c) a[c] += wk * x[c];
+  }
+}
+// y[:] += sum_k w[k] S[k, :]
+template <class T> inline void mix_acc(T* __restrict y, const T* __restrict w, const T* __restrict S, i64 r, i64 D) {
+  for (i64 k = 0; k < r; ++k) {
+    T wk = w[k];
+    const T* s = S + k * D;
+    for (i64 c = 0; c < D; ++c) y[c] += wk * s[c];
+  }
+}
+// y[:] += sum_k w[k] (S[k, :] + P[k, :])
+template <class T>
+inline void mix_acc2(T* __restrict y, const T* __restrict w, const T* __restrict S, const T* __restrict P, i64 r, i64 D) {
+  for (i64 k = 0; k < r; ++k) {
+    T wk = w[k];
+    const T *s = S + k * D, *p = P + k * D;
+    for (i64 c = 0; c < D; ++c) y[c] += wk * (s[c] + p[c]);
+  }
+}
+// sum_c a[c] b[c] with 8 fixed partial sums (vectorises; a fixed order)
+template <class T> inline T dot(const T* __restrict a, const T* __restrict b, i64 n) {
+  T s[8] = {};
+  i64 i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
+  T t = T(0);
+  for (; i < n; ++i) t += a[i] * b[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+}
+// yi = lp xp + dg xi + un xn, where xp / xn are absent (nullptr) at the ends
+template <class T>
+inline void tri_apply(T* __restrict yi, const T* xi, const T* xp, const T* xn, T lp, T dg, T un, i64 D) {
+  if (xp && xn)
+    for (i64 c = 0; c < D; ++c) yi[c] = tridiag_row(lp, dg, un, xp[c], xi[c], xn[c]);
+  else if (xp)
+    for (i64 c = 0; c < D; ++c) yi[c] = lp * xp[c] + dg * xi[c];
+  else if (xn)
+    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c] + un * xn[c];
+  else
+    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c];
+}
+
+// Rows of U or V in the compute type (converted from bf16/f16 when stored so).
+template <class T, class UV> struct Rows {
+  std::vector<T> buf;
+  explicit Rows(i64 r) {
+    if constexpr (!std::is_same_v<T, UV>) buf.resize(static_cast<std::size_t>(r));
+  }
+  const T* row(const UV* p, i64 i, i64 r) {
+    if constexpr (std::is_same_v<T, UV>) {
+      return p + i * r;
+    } else {
+      for (i64 k = 0; k < r; ++k) buf[static_cast<std::size_t>(k)] = to_compute(p[i * r + k]);
+      return buf.data();
+    }
+  }
+};
+
+// S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), parallel over (b, c)
+template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
+  i64 nc = dm.chunks(), rD = dm.r * dm.D;
+  parallel::parallel_for(dm.B * nc, 2.0 * static_cast<double>(dm.B * dm.N * rD), [&](i64 t) {
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
+    T* s = S + t * rD;
+    std::fill(s, s + rD, T(0));
+    Rows<T, UV> vr(dm.r);
+    for (i64 i = i0; i < i1; ++i) outer_acc(s, vr.row(v, i, dm.r), x + (b * dm.N + i) * dm.D, dm.r, dm.D);
+  });
+}
+
+enum class Scan { total, prefix, suffix };
+// Per b, over the chunk slots of `width` elements, in chunk order, in double:
+// total -> slot 0 holds the sum; prefix / suffix -> slot c holds the sum of
+// the slots before / after c (exclusive).
+template <class T> void combine(const Dims& dm, i64 width, T* S, Scan kind) {
+  i64 nc = dm.chunks();
+  parallel::parallel_for(dm.B, static_cast<double>(dm.B * nc * width), [&](i64 b) {
+    std::vector<double> acc(static_cast<std::size_t>(width), 0.0);
+    T* base = S + b * nc * width;
+    for (i64 j = 0; j < nc; ++j) {
+      i64 c = kind == Scan::suffix ? nc - 1 - j : j;
+      T* s = base + c * width;
+      for (i64 e = 0; e < width; ++e) {
+        double t = s[e];
+        if (kind != Scan::total) s[e] = static_cast<T>(acc[static_cast<std::size_t>(e)]);
+        acc[static_cast<std::size_t>(e)] += t;
+      }
+    }
+    if (kind == Scan::total)
+      for (i64 e = 0; e < width; ++e) base[e] = static_cast<T>(acc[static_cast<std::size_t>(e)]);
+  });
+}
+}  // namespace
+
+std::int64_t chunk_rows(i64 N, i64 D, i64 requested) {
+  if (requested > 0) return requested;
+  i64 L = std::max<i64>(256, 16384 / std::max<i64>(1, D));
+  return std::max<i64>(1, std::min(L, N));
+}
+
+// ---- semiseparable_matvec ----
+std::size_t matvec_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+// Pass 1: chunk sums of v (x) x; combine (total, or exclusive prefix when
+// causal). Pass 2 per (b, chunk): y_i = T x + u_i . W (W = V^T x), or
+// causal y_i = lo x_{i-1} + d x_i + u_i . (S_<c + P_i), P_i = sum_{c0<=j<=i} v_j (x) x_j.
+template <class T, class UV>
+void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u, const UV* v,
+            T* y, void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  if (r > 0 && D > 0) {
+    chunk_sums(dm, x, v, S);
+    combine(dm, rD, S, causal ? Scan::prefix : Scan::total);
+  }
+  parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) {
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* xb = x + b * N * D;
+    T* yb = y + b * N * D;
+    const T* W = S + (b * nc + (causal ? c : 0)) * rD;
+    std::vector<T> P(causal ? static_cast<std::size_t>(rD) : 0, T(0));
+    Rows<T, UV> ur(r), vr(r);
+    for (i64 i = i0; i < i1; ++i) {
+      const T* xi = xb + i * D;
+      T* yi = yb + i * D;
+      tri_apply(yi, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr, i > 0 ? lo[i - 1] : T(0),
+                d[i], !causal && i + 1 < N ? up[i] : T(0), D);
+      if (r == 0) continue;
+      if (causal) {
+        outer_acc(P.data(), vr.row(v, i, r), xi, r, D);
+        mix_acc2(yi, ur.row(u, i, r), W, P.data(), r, D);
+      } else {
+        mix_acc(yi, ur.row(u, i, r), W, r, D);
+      }
+    }
+  });
+}
+
+std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+// Non-causal, W = V^T x, G = U^T dy: dx = T^T dy + V G, du = dy W^T, dv = x G^T.
+// Causal, P_i = sum_{j<=i} v_j (x) x_j, Q_j = sum_{i>=j} u_i (x) dy_i:
+//   dx_j = d_j dy_j + lo_j dy_{j+1} + v_j . Q_j, du_i = dy_i . P_i, dv_j = x_j . Q_j.
+// Band: dd_i = dy_i . x_i, dup_i = dy_i . x_{i+1}, dlo_i = dy_{i+1} . x_i.
+// Pass 1 forms the chunk sums; pass 2 runs per chunk over all b (the rows of
+// the parameter gradients belong to one task: sums over b in order).
+template <class T, class UV>
+void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
+                     const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  T* Sx = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  T* Sg = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  const bool need_x = g.du && r > 0 && D > 0, need_g = (g.dx || g.dv) && r > 0 && D > 0;
+  if (need_x) {
+    chunk_sums(dm, x, v, Sx);
+    combine(dm, rD, Sx, causal ? Scan::prefix : Scan::total);
+  }
+  if (need_g) {
+    chunk_sums(dm, dy, u, Sg);
+    combine(dm, rD, Sg, causal ? Scan::suffix : Scan::total);
+  }
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)), [&](i64 c) {
+    i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    for (i64 i = i0; i < i1; ++i) {
+      if (g.dd) g.dd[i] = T(0);
+      if (i + 1 < N && g.dup) g.dup[i] = T(0);
+      if (i + 1 < N && g.dlo) g.dlo[i] = T(0);
+      for (i64 k = 0; k < r; ++k) {
+        if (g.du) g.du[i * r + k] = T(0);
+        if (g.dv) g.dv[i * r + k] = T(0);
+      }
+    }
+    std::vector<T> P(causal ? static_cast<std::size_t>(rD) : 0), Q(causal ? static_cast<std::size_t>(rD) : 0);
+    Rows<T, UV> ur(r), vr(r);
+    for (i64 b = 0; b < B; ++b) {
+      const T *xb = x + b * N * D, *gb = dy + b * N * D;
+      T* dxb = g.dx ? g.dx + b * N * D : nullptr;
+      const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
+      const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
+      for (i64 i = i0; i < i1; ++i) {  // the band of T
+        const T *xi = xb + i * D, *gi = gb + i * D;
+        if (g.dd) g.dd[i] += dot(gi, xi, D);
+        if (i + 1 < N) {
+          if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
+          if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
+        }
+      }
+      if (!causal) {
+        for (i64 i = i0; i < i1; ++i) {
+          const T *xi = xb + i * D, *gi = gb + i * D;
+          if (dxb) {
+            tri_apply(dxb + i * D, gi, i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
+                      i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
+            if (r) mix_acc(dxb + i * D, vr.row(v, i, r), Wg, r, D);
+          }
+          if (g.du && D)
+            for (i64 k = 0; k < r; ++k) g.du[i * r + k] += dot(gi, Wx + k * D, D);
+          if (g.dv && D)
+            for (i64 k = 0; k < r; ++k) g.dv[i * r + k] += dot(xi, Wg + k * D, D);
+        }
+        continue;
+      }
+      if (g.du && r && D) {
+        std::fill(P.begin(), P.end(), T(0));
+        for (i64 i = i0; i < i1; ++i) {
+          const T *xi = xb + i * D, *gi = gb + i * D;
+          outer_acc(P.data(), vr.row(v, i, r), xi, r, D);
+          for (i64 k = 0; k < r; ++k) g.du[i * r + k] += dot(gi, Wx + k * D, D) + dot(gi, P.data() + k * D, D);
+        }
+      }
+      if (dxb || g.dv) {
+        std::fill(Q.begin(), Q.end(), T(0));
+        for (i64 i = i1 - 1; i >= i0; --i) {
+          const T *xi = xb + i * D, *gi = gb + i * D;
+          if (r && D) outer_acc(Q.data(), ur.row(u, i, r), gi, r, D);
+          if (dxb) {
+            tri_apply(dxb + i * D, gi, static_cast<const T*>(nullptr), i + 1 < N ? gi + D : nullptr, T(0), d[i],
+                      i + 1 < N ? lo[i] : T(0), D);
+            if (r && D) mix_acc2(dxb + i * D, vr.row(v, i, r), Wg, Q.data(), r, D);
+          }
+          if (g.dv && D)
+            for (i64 k = 0; k < r; ++k) g.dv[i * r + k] += dot(xi, Wg + k * D, D) + dot(xi, Q.data() + k * D, D);
+        }
+      }
+    }
+  });
+}
+
+// ---- semiseparable_solve (Woodbury) ----
+namespace {
+// LU with partial pivoting of the r x r matrix a (row-major, double), in place.
+bool lu_factor(double* a, i64 r, i64* piv) {
+  for (i64 k = 0; k < r; ++k) {
+    i64 p = k;
+    for (i64 i = k + 1; i < r; ++i)
+      if (std::fabs(a[i * r + k]) > std::fabs(a[p * r + k])) p = i;
+    piv[k] = p;
+    if (!(a[p * r + k] != 0.0) || !std::isfinite(a[p * r + k])) return false;
+    if (p != k)
+      for (i64 j = 0; j < r; ++j) std::swap(a[k * r + j], a[p * r + j]);
+    for (i64 i = k + 1; i < r; ++i) {
+      double f = a[i * r + k] / a[k * r + k];
+      a[i * r + k] = f;
+      for (i64 j = k + 1; j < r; ++j) a[i * r + j] -= f * a[k * r + j];
+    }
+  }
+  return true;
+}
+// Solves (LU) s = w for one right-hand side w (length r, stride `st`), in place.
+template <class T> void lu_solve(const double* a, i64 r, const i64* piv, T* w, i64 st, double* tmp) {
+  for (i64 k = 0; k < r; ++k) tmp[k] = static_cast<double>(w[k * st]);
+  for (i64 k = 0; k < r; ++k) std::swap(tmp[k], tmp[piv[k]]);
+  for (i64 i = 0; i < r; ++i)
+    for (i64 j = 0; j < i; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+  for (i64 i = r - 1; i >= 0; --i) {
+    for (i64 j = i + 1; j < r; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+    tmp[i] /= a[i * r + i];
+  }
+  for (i64 k = 0; k < r; ++k) w[k * st] = static_cast<T>(tmp[k]);
+}
+Dims capacitance_dims(const Dims& dm) { return Dims{1, dm.N, dm.r, dm.r, dm.L}; }
+}  // namespace
+
+std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  auto e = static_cast<i64>(elem);
+  Dims dc = capacitance_dims(dm);
+  c.take<char>(static_cast<i64>(tridiag_ws_bytes(dm.N, elem)));
+  c.take<char>(dm.N * dm.r * e);
+  c.take<char>(std::max(dm.B * dm.chunks() * dm.r * dm.D, dc.chunks() * dm.r * dm.r) * e);
+  c.take<double>(dm.r * dm.r + dm.r);
+  c.take<i64>(dm.r);
+  return c.bytes;
+}
+
+template <class T>
+void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                    const T* v, T* y, bool trans, void* ws) {
+  if (trans) { std::swap(up, lo); std::swap(u, v); }
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  const auto e = static_cast<i64>(sizeof(T));
+  Dims dc = capacitance_dims(dm);
+  Carve cv{static_cast<char*>(ws)};
+  void* tws = cv.take<char>(static_cast<i64>(tridiag_ws_bytes(N, sizeof(T))));
+  T* Z = reinterpret_cast<T*>(cv.take<char>(N * r * e));
+  T* S = reinterpret_cast<T*>(cv.take<char>(std::max(B * nc * rD, dc.chunks() * r * r) * e));
+  double* C = cv.take<double>(r * r + r);
+  i64* piv = cv.take<i64>(r);
+  tridiag_solve(op, N, B, D, d, up, lo, x, y, false, tws);  // y = T^-1 x (checks the pivots first)
+  if (r == 0) return;
+  tridiag_solve(op, N, 1, r, d, up, lo, u, Z, false, tws);  // Z = T^-1 U
+  chunk_sums(dc, Z, v, S);                                   // V^T Z
+  combine(dc, r * r, S, Scan::total);
+  for (i64 k = 0; k < r; ++k)
+    for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
+  if (!lu_factor(C, r, piv))
+    kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular: T + U V^T is not "
+                                "invertible",
+                                r));
+  if (D == 0 || B == 0) return;
+  chunk_sums(dm, y, v, S);  // W_b = V^T y_b
+  combine(dm, rD, S, Scan::total);
+  parallel::parallel_for(B, static_cast<double>(B * D * r * r * 2), [&](i64 b) {
+    std::vector<double> tmp(static_cast<std::size_t>(r));
+    T* W = S + b * nc * rD;
+    for (i64 c = 0; c < D; ++c) lu_solve(C, r, piv, W + c, D, tmp.data());  // S_b = C^-1 W_b
+  });
+  parallel::parallel_for(B * nc, static_cast<double>(2 * B * N * rD), [&](i64 t) {
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* W = S + b * nc * rD;
+    std::vector<T> nz(static_cast<std::size_t>(r));
+    for (i64 i = i0; i < i1; ++i) {
+      for (i64 k = 0; k < r; ++k) nz[static_cast<std::size_t>(k)] = -Z[i * r + k];
+      mix_acc(y + (b * N + i) * D, nz.data(), W, r, D);  // y -= Z S_b
+    }
+  });
+}
+
+std::size_t woodbury_backward_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(static_cast<i64>(woodbury_ws_bytes(dm, elem)));
+  c.take<char>(2 * dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+template <class T>
+void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T* up, const T* lo, const T* u,
+                             const T* v, const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, T* du, T* dv,
+                             void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  void* sws = cv.take<char>(static_cast<i64>(woodbury_ws_bytes(dm, sizeof(T))));
+  T* A = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  T* Bm = A + B * nc * rD;
+  woodbury_solve(op, dm, g, d, up, lo, u, v, lam, true, sws);  // lam = H^-T g
+  if (r > 0 && D > 0) {
+    chunk_sums(dm, y, v, A);  // V^T y_b
+    combine(dm, rD, A, Scan::total);
+    chunk_sums(dm, lam, u, Bm);  // U^T lam_b
+    combine(dm, rD, Bm, Scan::total);
+  }
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (4 * r + 6)), [&](i64 c) {
+    i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    for (i64 i = i0; i < i1; ++i) {
+      dd[i] = T(0);
+      if (i + 1 < N) { dup[i] = T(0); dlo[i] = T(0); }
+      for (i64 k = 0; k < r; ++k) { du[i * r + k] = T(0); dv[i * r + k] = T(0); }
+    }
+    for (i64 b = 0; b < B; ++b) {
+      const T *yb = y + b * N * D, *lb = lam + b * N * D;
+      const T *Ab = A + b * nc * rD, *Bb = Bm + b * nc * rD;
+      for (i64 i = i0; i < i1; ++i) {
+        const T *yi = yb + i * D, *li = lb + i * D;
+        dd[i] -= dot(li, yi, D);
+        if (i + 1 < N) {
+          dup[i] -= dot(li, yi + D, D);
+          dlo[i] -= dot(li + D, yi, D);
+        }
+        if (D == 0) continue;
+        for (i64 k = 0; k < r; ++k) {
+          du[i * r + k] -= dot(li, Ab + k * D, D);
+          dv[i * r + k] -= dot(yi, Bb + k * D, D);
+        }
+      }
+    }
+  });
+}
+
+#define AD_MATVEC_INST(T, UV)                                                                                      \
+  template void matvec<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*, const UV*, T*, \
+                              void*);                                                                              \
+  template void matvec_backward<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*,       \
+                                       const UV*, const T*, const MatvecGrads<T>&, void*);
+AD_MATVEC_INST(float, float)
+AD_MATVEC_INST(float, Bf16)
+AD_MATVEC_INST(float, F16)
+AD_MATVEC_INST(double, double)
+#undef AD_MATVEC_INST
+#define AD_WOODBURY_INST(T)                                                                                        \
+  template void woodbury_solve<T>(const char*, const Dims&, const T*, const T*, const T*, const T*, const T*,      \
+                                  const T*, T*, bool, void*);                                                      \
+  template void woodbury_solve_backward<T>(const char*, const Dims&, const T*, const T*, const T*, const T*,       \
+                                           const T*, const T*, const T*, T*, T*, T*, T*, T*, T*, void*);
+AD_WOODBURY_INST(float)
+AD_WOODBURY_INST(double)
+#undef AD_WOODBURY_INST
+
+}  // namespace ad::semisep
