@@ -26,21 +26,55 @@ template <class T> inline void outer_acc(T* __restrict acc, const T* __restrict 
     for (i64 c = 0; c < D; ++c) a[c] += wk * x[c];
   }
 }
-// y[:] += sum_k w[k] S[k, :]
+constexpr i64 kCB = 16;  // columns held in registers by the row kernels below
+// y[:] += sum_k w[k] S[k, :]  (sums over k in order; 16 columns of y in registers)
 template <class T> inline void mix_acc(T* __restrict y, const T* __restrict w, const T* __restrict S, i64 r, i64 D) {
+  i64 c0 = 0;
+  for (; c0 + kCB <= D; c0 += kCB) {
+    T acc[kCB];
+    for (i64 j = 0; j < kCB; ++j) acc[j] = y[c0 + j];
+    for (i64 k = 0; k < r; ++k) {
+      T wk = w[k];
+      const T* s = S + k * D + c0;
+      for (i64 j = 0; j < kCB; ++j) acc[j] += wk * s[j];
+    }
+    for (i64 j = 0; j < kCB; ++j) y[c0 + j] = acc[j];
+  }
   for (i64 k = 0; k < r; ++k) {
     T wk = w[k];
     const T* s = S + k * D;
-    for (i64 c = 0; c < D; ++c) y[c] += wk * s[c];
+    for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
   }
 }
-// y[:] += sum_k w[k] (S[k, :] + P[k, :])
+// One causal row: P[k, :] += v[k] x[:], then y[:] += sum_k u[k] (S[k, :] + P[k, :]),
+// fused per block of 16 columns (same operations in the same order).
 template <class T>
-inline void mix_acc2(T* __restrict y, const T* __restrict w, const T* __restrict S, const T* __restrict P, i64 r, i64 D) {
+inline void causal_row(T* __restrict y, T* __restrict P, const T* __restrict u, const T* __restrict v,
+                       const T* __restrict S, const T* __restrict x, i64 r, i64 D) {
+  i64 c0 = 0;
+  for (; c0 + kCB <= D; c0 += kCB) {
+    T acc[kCB], xb[kCB];
+    for (i64 j = 0; j < kCB; ++j) { acc[j] = y[c0 + j]; xb[j] = x[c0 + j]; }
+    for (i64 k = 0; k < r; ++k) {
+      T uk = u[k], vk = v[k];
+      T* p = P + k * D + c0;
+      const T* s = S + k * D + c0;
+      for (i64 j = 0; j < kCB; ++j) {
+        T pj = p[j] + vk * xb[j];
+        p[j] = pj;
+        acc[j] += uk * (s[j] + pj);
+      }
+    }
+    for (i64 j = 0; j < kCB; ++j) y[c0 + j] = acc[j];
+  }
   for (i64 k = 0; k < r; ++k) {
-    T wk = w[k];
-    const T *s = S + k * D, *p = P + k * D;
-    for (i64 c = 0; c < D; ++c) y[c] += wk * (s[c] + p[c]);
+    T uk = u[k], vk = v[k];
+    T* p = P + k * D;
+    const T* s = S + k * D;
+    for (i64 c = c0; c < D; ++c) {
+      p[c] += vk * x[c];
+      y[c] += uk * (s[c] + p[c]);
+    }
   }
 }
 // sum_c a[c] b[c] with 8 fixed partial sums (vectorises; a fixed order)
@@ -89,8 +123,20 @@ template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const U
     i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
     T* s = S + t * rD;
     std::fill(s, s + rD, T(0));
-    Rows<T, UV> vr(dm.r);
-    for (i64 i = i0; i < i1; ++i) outer_acc(s, vr.row(v, i, dm.r), x + (b * dm.N + i) * dm.D, dm.r, dm.D);
+    Rows<T, UV> vr(dm.r), vr1(dm.r), vr2(dm.r), vr3(dm.r);
+    const i64 r = dm.r, D = dm.D;
+    i64 i = i0;
+    for (; i + 4 <= i1; i += 4) {  // four rows per pass over s: s += v0 x0 + v1 x1 + v2 x2 + v3 x3
+      const T *v0 = vr.row(v, i, r), *v1 = vr1.row(v, i + 1, r), *v2 = vr2.row(v, i + 2, r), *v3 = vr3.row(v, i + 3, r);
+      const T* x0 = x + (b * dm.N + i) * D;
+      const T *x1 = x0 + D, *x2 = x0 + 2 * D, *x3 = x0 + 3 * D;
+      for (i64 k = 0; k < r; ++k) {
+        T a0 = v0[k], a1 = v1[k], a2 = v2[k], a3 = v3[k];
+        T* sk = s + k * D;
+        for (i64 e = 0; e < D; ++e) sk[e] += ((a0 * x0[e] + a1 * x1[e]) + (a2 * x2[e] + a3 * x3[e]));
+      }
+    }
+    for (; i < i1; ++i) outer_acc(s, vr.row(v, i, r), x + (b * dm.N + i) * D, r, D);
   });
 }
 
@@ -158,8 +204,7 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
                 d[i], !causal && i + 1 < N ? up[i] : T(0), D);
       if (r == 0) continue;
       if (causal) {
-        outer_acc(P.data(), vr.row(v, i, r), xi, r, D);
-        mix_acc2(yi, ur.row(u, i, r), W, P.data(), r, D);
+        causal_row(yi, P.data(), ur.row(u, i, r), vr.row(v, i, r), W, xi, r, D);
       } else {
         mix_acc(yi, ur.row(u, i, r), W, r, D);
       }
@@ -249,11 +294,13 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
         std::fill(Q.begin(), Q.end(), T(0));
         for (i64 i = i1 - 1; i >= i0; --i) {
           const T *xi = xb + i * D, *gi = gb + i * D;
-          if (r && D) outer_acc(Q.data(), ur.row(u, i, r), gi, r, D);
           if (dxb) {
             tri_apply(dxb + i * D, gi, static_cast<const T*>(nullptr), i + 1 < N ? gi + D : nullptr, T(0), d[i],
                       i + 1 < N ? lo[i] : T(0), D);
-            if (r && D) mix_acc2(dxb + i * D, vr.row(v, i, r), Wg, Q.data(), r, D);
+            // Q += u_i (x) dy_i; dx_i += v_i . (Wg + Q)
+            if (r && D) causal_row(dxb + i * D, Q.data(), vr.row(v, i, r), ur.row(u, i, r), Wg, gi, r, D);
+          } else if (r && D) {
+            outer_acc(Q.data(), ur.row(u, i, r), gi, r, D);
           }
           if (g.dv && D)
             for (i64 k = 0; k < r; ++k) g.dv[i * r + k] += dot(xi, Wg + k * D, D) + dot(xi, Q.data() + k * D, D);

@@ -18,6 +18,9 @@ int main() {
       p->zero_grad();
     }
   }
+  // links LAPACKE through the package (semiseparable_factorize calls dgesdd)
+  ad::Tensor h = ad::Tensor::randn({6, 6}, rng, ad::DType::f64);
+  if (!(ad::semiseparable_factorize(h, 6).rel_error < 1e-12)) return 1;
   float wf = w.value().data<float>()[0], bf = b.value().data<float>()[0];
   fmt::print("ad {}: w = {:.4f}, b = {:.4f}\n", ad::kVersionString, wf, bf);
   return std::fabs(wf - 3.0f) < 1e-3f && std::fabs(bf + 1.0f) < 1e-3f ? 0 : 1;
