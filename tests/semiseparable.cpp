@@ -128,7 +128,9 @@ TEST_CASE("semiseparable_matvec matches a dense H, forward and all gradients") {
   Rng rng(71);
   struct C { i64 B, N, D, r, chunk; };
   const C cases[] = {{2, 1, 3, 2, 0}, {1, 2, 2, 1, 0}, {3, 7, 4, 3, 0}, {2, 64, 5, 4, 0}, {2, 64, 5, 4, 5},
-                     {1, 300, 3, 6, 0}, {2, 300, 6, 5, 37}, {1, 40, 3, 0, 0}};
+                     {1, 300, 3, 6, 0}, {2, 300, 6, 5, 37}, {1, 40, 3, 0, 0},
+                     // D >= 8 and r > 8: the register-blocked sweeps (8 doubles per block, 8 rows of M per block)
+                     {2, 200, 19, 11, 23}, {1, 70, 16, 8, 0}};
   for (const C& c : cases)
     for (bool causal : {false, true}) {
       INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal " << causal);
@@ -180,7 +182,7 @@ TEST_CASE("semiseparable_matvec gradient uses T^T and V U^T: a non-symmetric T")
 
 TEST_CASE("semiseparable_matvec is deterministic and f32 tracks f64 at N = 4096") {
   Rng rng(73);
-  Sys s = random_sys(2, 4096, 8, 4, rng);
+  Sys s = random_sys(2, 4096, 20, 10, rng);  // f32: one 16-column block + 4 tail columns
   auto run = [&](DType t, bool causal) {
     Graph g;
     Var y = semiseparable_matvec(g.input(s.x.to(t)), g.input(s.d.to(t)), g.input(s.up.to(t)), g.input(s.lo.to(t)),
@@ -197,7 +199,7 @@ TEST_CASE("semiseparable_matvec is deterministic and f32 tracks f64 at N = 4096"
 
 TEST_CASE("semiseparable_matvec mixed precision: bf16/f16 U, V with f32 products") {
   Rng rng(74);
-  Sys s = random_sys(2, 1000, 8, 6, rng);
+  Sys s = random_sys(2, 1000, 18, 6, rng);
   for (DType low : {DType::bf16, DType::f16}) {
     INFO(dtype_name(low));
     for (bool causal : {false, true}) {
@@ -219,10 +221,16 @@ TEST_CASE("semiseparable_matvec mixed precision: bf16/f16 U, V with f32 products
       CHECK_MESSAGE(e < bound, "relative error " << e);
       CHECK(e > 1e-6);  // the rounding is really there
       // gradients come back in the storage dtype
-      auto gr = grad(sum(y), {u, v});
+      Tensor wt = Tensor::randn({2, 1000, 18}, rng);
+      Var u32 = g.input(u16.to(DType::f32)), v32 = g.input(v16.to(DType::f32));
+      auto gr = grad(sum(mul(y, g.input(wt))), {u, v, x});
+      auto gr32 = grad(sum(mul(semiseparable_matvec(x, d, up, lo, u32, v32, causal), g.input(wt))), {u32, v32, x});
       CHECK(gr[0].dtype() == low);
       CHECK(gr[1].dtype() == low);
-      CHECK(all_finite(eval(gr[0])));
+      // the same gradients as the f32 op on the rounded U, V (then rounded to the storage dtype)
+      CHECK(bitwise_equal(eval(gr[0]), eval(gr32[0]).to(low)));
+      CHECK(bitwise_equal(eval(gr[1]), eval(gr32[1]).to(low)));
+      CHECK(bitwise_equal(eval(gr[2]), eval(gr32[2])));
     }
   }
 }
@@ -487,7 +495,7 @@ namespace ad::test {
 void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
   struct M { i64 B, N, D, r, chunk; bool causal; };
   const M ms[] = {{2, 5, 3, 2, 0, false}, {1, 6, 2, 3, 0, true}, {2, 1, 2, 1, 0, false},
-                  {1, 9, 2, 2, 4, false}, {2, 9, 1, 2, 4, true}};
+                  {1, 9, 2, 2, 4, false}, {2, 9, 1, 2, 4, true}, {1, 6, 9, 9, 0, true}};
   for (const M& m : ms) {
     Sys s = random_sys(m.B, m.N, m.D, m.r, rng);
     bool causal = m.causal;

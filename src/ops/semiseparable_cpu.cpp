@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -18,27 +19,42 @@ namespace ad::semisep {
 namespace {
 using i64 = std::int64_t;
 
+// Hot f32 tasks are compiled for AVX-512, AVX2 and baseline x86-64 and picked
+// at load time (GCC/Clang target_clones; the row helpers are force-inlined
+// into each clone). The AVX clones may fuse a*b+c into FMA, so bits can
+// differ between machines of different ISA; on one machine they are fixed
+// (and independent of the thread count).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(AD_NO_TARGET_CLONES)
+#define AD_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define AD_SIMD_CLONES
+#endif
+#define AD_ALWAYS_INLINE __attribute__((always_inline)) inline
+
 // acc[k, :] += w[k] x[:]  (k < r, D columns)
-template <class T> inline void outer_acc(T* __restrict acc, const T* __restrict w, const T* __restrict x, i64 r, i64 D) {
+template <class T> AD_ALWAYS_INLINE void outer_acc(T* __restrict acc, const T* __restrict w, const T* __restrict x, i64 r, i64 D) {
   for (i64 k = 0; k < r; ++k) {
     T wk = w[k];
     T* a = acc + k * D;
     for (i64 c = 0; c < D; ++c) a[c] += wk * x[c];
   }
 }
-constexpr i64 kCB = 16;  // columns held in registers by the row kernels below
-// y[:] += sum_k w[k] S[k, :]  (sums over k in order; 16 columns of y in registers)
-template <class T> inline void mix_acc(T* __restrict y, const T* __restrict w, const T* __restrict S, i64 r, i64 D) {
+// y[:] += sum_k w[k] S[k, :] (sums over k in order). 64-byte blocks of y are
+// held in a register (GCC/Clang vector extension: one zmm, two ymm or four
+// xmm, whatever the clone's ISA has) across the loop over k.
+template <class T> AD_ALWAYS_INLINE void mix_acc(T* __restrict y, const T* __restrict w, const T* __restrict S, i64 r, i64 D) {
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  typedef T V __attribute__((vector_size(64)));
   i64 c0 = 0;
-  for (; c0 + kCB <= D; c0 += kCB) {
-    T acc[kCB];
-    for (i64 j = 0; j < kCB; ++j) acc[j] = y[c0 + j];
+  for (; c0 + kW <= D; c0 += kW) {
+    V acc;
+    std::memcpy(&acc, y + c0, sizeof(V));
     for (i64 k = 0; k < r; ++k) {
-      T wk = w[k];
-      const T* s = S + k * D + c0;
-      for (i64 j = 0; j < kCB; ++j) acc[j] += wk * s[j];
+      V sv;
+      std::memcpy(&sv, S + k * D + c0, sizeof(V));
+      acc += w[k] * sv;
     }
-    for (i64 j = 0; j < kCB; ++j) y[c0 + j] = acc[j];
+    std::memcpy(y + c0, &acc, sizeof(V));
   }
   for (i64 k = 0; k < r; ++k) {
     T wk = w[k];
@@ -46,39 +62,8 @@ template <class T> inline void mix_acc(T* __restrict y, const T* __restrict w, c
     for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
   }
 }
-// One causal row: P[k, :] += v[k] x[:], then y[:] += sum_k u[k] (S[k, :] + P[k, :]),
-// fused per block of 16 columns (same operations in the same order).
-template <class T>
-inline void causal_row(T* __restrict y, T* __restrict P, const T* __restrict u, const T* __restrict v,
-                       const T* __restrict S, const T* __restrict x, i64 r, i64 D) {
-  i64 c0 = 0;
-  for (; c0 + kCB <= D; c0 += kCB) {
-    T acc[kCB], xb[kCB];
-    for (i64 j = 0; j < kCB; ++j) { acc[j] = y[c0 + j]; xb[j] = x[c0 + j]; }
-    for (i64 k = 0; k < r; ++k) {
-      T uk = u[k], vk = v[k];
-      T* p = P + k * D + c0;
-      const T* s = S + k * D + c0;
-      for (i64 j = 0; j < kCB; ++j) {
-        T pj = p[j] + vk * xb[j];
-        p[j] = pj;
-        acc[j] += uk * (s[j] + pj);
-      }
-    }
-    for (i64 j = 0; j < kCB; ++j) y[c0 + j] = acc[j];
-  }
-  for (i64 k = 0; k < r; ++k) {
-    T uk = u[k], vk = v[k];
-    T* p = P + k * D;
-    const T* s = S + k * D;
-    for (i64 c = c0; c < D; ++c) {
-      p[c] += vk * x[c];
-      y[c] += uk * (s[c] + p[c]);
-    }
-  }
-}
 // sum_c a[c] b[c] with 8 fixed partial sums (vectorises; a fixed order)
-template <class T> inline T dot(const T* __restrict a, const T* __restrict b, i64 n) {
+template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __restrict b, i64 n) {
   T s[8] = {};
   i64 i = 0;
   for (; i + 8 <= n; i += 8)
@@ -89,7 +74,7 @@ template <class T> inline T dot(const T* __restrict a, const T* __restrict b, i6
 }
 // yi = lp xp + dg xi + un xn, where xp / xn are absent (nullptr) at the ends
 template <class T>
-inline void tri_apply(T* __restrict yi, const T* xi, const T* xp, const T* xn, T lp, T dg, T un, i64 D) {
+AD_ALWAYS_INLINE void tri_apply(T* __restrict yi, const T* xi, const T* xp, const T* xn, T lp, T dg, T un, i64 D) {
   if (xp && xn)
     for (i64 c = 0; c < D; ++c) yi[c] = tridiag_row(lp, dg, un, xp[c], xi[c], xn[c]);
   else if (xp)
@@ -106,7 +91,7 @@ template <class T, class UV> struct Rows {
   explicit Rows(i64 r) {
     if constexpr (!std::is_same_v<T, UV>) buf.resize(static_cast<std::size_t>(r));
   }
-  const T* row(const UV* p, i64 i, i64 r) {
+  AD_ALWAYS_INLINE const T* row(const UV* p, i64 i, i64 r) {
     if constexpr (std::is_same_v<T, UV>) {
       return p + i * r;
     } else {
@@ -116,29 +101,90 @@ template <class T, class UV> struct Rows {
   }
 };
 
-// S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), parallel over (b, c)
-template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
+// Register-blocked sweeps over the rows [i0, i1) of a chunk (in order, or
+// reversed) with an r x D state M (row-major):
+//   sums: M[k, :] += a_i[k] x_i[:]
+//   mix:  y_i[:] += sum_k b_i[k] M[k, :]            (M read only)
+//   scan: M[k, :] += a_i[k] x_i[:], then y_i[:] += sum_k b_i[k] M[k, :]
+// For each 64-byte block of columns and each block of up to 8 rows of M, the
+// block of M stays in registers for the whole chunk (GCC/Clang vector
+// extension). y_i receives its terms in increasing k, as the plain loop would.
+enum class Sweep { sums, mix, scan };
+template <int KN, Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
+                                  RowA& arow, RowB& brow) {
+  typedef T V __attribute__((vector_size(64)));
+  V m[KN];
+  for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    if constexpr (mode != Sweep::mix) {
+      const T* a = arow(i);
+      V xv;
+      std::memcpy(&xv, x + i * D + c0, sizeof(V));
+      for (int q = 0; q < KN; ++q) m[q] += a[k0 + q] * xv;
+    }
+    if constexpr (mode != Sweep::sums) {
+      const T* b = brow(i);
+      V yv;
+      std::memcpy(&yv, y + i * D + c0, sizeof(V));
+      for (int q = 0; q < KN; ++q) yv += b[k0 + q] * m[q];
+      std::memcpy(y + i * D + c0, &yv, sizeof(V));
+    }
+  }
+  if constexpr (mode != Sweep::mix)
+    for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
+}
+template <Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
+                            RowB brow) {
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  i64 c0 = 0;
+  for (; c0 + kW <= D; c0 += kW)
+    for (i64 k0 = 0; k0 < r; k0 += 8) {
+      switch (std::min<i64>(8, r - k0)) {
+        case 8: sweep_block<8, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 7: sweep_block<7, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 6: sweep_block<6, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 5: sweep_block<5, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 4: sweep_block<4, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 3: sweep_block<3, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 2: sweep_block<2, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        default: sweep_block<1, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+      }
+    }
+  if (c0 == D) return;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last D % kW columns
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    if constexpr (mode != Sweep::mix) {
+      const T* a = arow(i);
+      for (i64 k = 0; k < r; ++k)
+        for (i64 c = c0; c < D; ++c) M[k * D + c] += a[k] * x[i * D + c];
+    }
+    if constexpr (mode != Sweep::sums) {
+      const T* b = brow(i);
+      for (i64 k = 0; k < r; ++k)
+        for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
+    }
+  }
+}
+
+// S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), one task per (b, c)
+template <class T, class UV> struct SumsTask { const Dims& dm; const T* x; const UV* v; T* S; };
+template <class T, class UV> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T, UV>& tk, i64 t) {
+  const Dims& dm = tk.dm;
+  const T* x = tk.x;
+  const UV* v = tk.v;
   i64 nc = dm.chunks(), rD = dm.r * dm.D;
-  parallel::parallel_for(dm.B * nc, 2.0 * static_cast<double>(dm.B * dm.N * rD), [&](i64 t) {
+  T* S = tk.S;
     i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
     T* s = S + t * rD;
     std::fill(s, s + rD, T(0));
-    Rows<T, UV> vr(dm.r), vr1(dm.r), vr2(dm.r), vr3(dm.r);
-    const i64 r = dm.r, D = dm.D;
-    i64 i = i0;
-    for (; i + 4 <= i1; i += 4) {  // four rows per pass over s: s += v0 x0 + v1 x1 + v2 x2 + v3 x3
-      const T *v0 = vr.row(v, i, r), *v1 = vr1.row(v, i + 1, r), *v2 = vr2.row(v, i + 2, r), *v3 = vr3.row(v, i + 3, r);
-      const T* x0 = x + (b * dm.N + i) * D;
-      const T *x1 = x0 + D, *x2 = x0 + 2 * D, *x3 = x0 + 3 * D;
-      for (i64 k = 0; k < r; ++k) {
-        T a0 = v0[k], a1 = v1[k], a2 = v2[k], a3 = v3[k];
-        T* sk = s + k * D;
-        for (i64 e = 0; e < D; ++e) sk[e] += ((a0 * x0[e] + a1 * x1[e]) + (a2 * x2[e] + a3 * x3[e]));
-      }
-    }
-    for (; i < i1; ++i) outer_acc(s, vr.row(v, i, r), x + (b * dm.N + i) * D, r, D);
-  });
+    Rows<T, UV> vr(dm.r);
+    auto vrow = [&](i64 i) { return vr.row(v, i, dm.r); };
+    sweep<Sweep::sums>(s, x + b * dm.N * dm.D, static_cast<T*>(nullptr), dm.D, dm.r, i0, i1, false, vrow, vrow);
 }
+template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S);
 
 enum class Scan { total, prefix, suffix };
 // Per b, over the chunk slots of `width` elements, in chunk order, in double:
@@ -161,6 +207,162 @@ template <class T> void combine(const Dims& dm, i64 width, T* S, Scan kind) {
     if (kind == Scan::total)
       for (i64 e = 0; e < width; ++e) base[e] = static_cast<T>(acc[static_cast<std::size_t>(e)]);
   });
+}
+// Pass 2 of the matvec for one (b, chunk) task.
+template <class T, class UV> struct MatvecTask {
+  const Dims& dm;
+  bool causal;
+  const T *x, *d, *up, *lo;
+  const UV *u, *v;
+  T* y;
+  const T* S;
+};
+template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T, UV>& tk, i64 t) {
+  const Dims& dm = tk.dm;
+  const bool causal = tk.causal;
+  const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo;
+  const UV *u = tk.u, *v = tk.v;
+  T* y = tk.y;
+  const T* S = tk.S;
+  const i64 N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  (void)up;
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* xb = x + b * N * D;
+    T* yb = y + b * N * D;
+    const T* W = S + (b * nc + (causal ? c : 0)) * rD;
+    for (i64 i = i0; i < i1; ++i) {
+      const T* xi = xb + i * D;
+      tri_apply(yb + i * D, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr,
+                i > 0 ? lo[i - 1] : T(0), d[i], !causal && i + 1 < N ? up[i] : T(0), D);
+    }
+    if (r == 0 || D == 0) return;
+    Rows<T, UV> ur(r), vr(r);
+    auto urow = [&](i64 i) { return ur.row(u, i, r); };
+    auto vrow = [&](i64 i) { return vr.row(v, i, r); };
+    if (!causal) {
+      sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, i0, i1, false, vrow, urow);
+      return;
+    }
+    // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j, started from the chunk's exclusive prefix
+    std::vector<T> P(W, W + rD);
+    sweep<Sweep::scan>(P.data(), xb, yb, D, r, i0, i1, false, vrow, urow);
+}
+
+// Pass 2 of the matvec backward for one chunk (all b, in order).
+template <class T, class UV> struct BackwardTask {
+  const Dims& dm;
+  bool causal;
+  const T *x, *d, *up, *lo;
+  const UV *u, *v;
+  const T* dy;
+  const MatvecGrads<T>& g;
+  const T *Sx, *Sg;
+};
+template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T, UV>& tk, i64 c) {
+  const Dims& dm = tk.dm;
+  const bool causal = tk.causal;
+  const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo, *dy = tk.dy, *Sx = tk.Sx, *Sg = tk.Sg;
+  const MatvecGrads<T>& g = tk.g;
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  const i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L), n = i1 - i0;
+  for (i64 i = i0; i < i1; ++i) {
+    if (g.dd) g.dd[i] = T(0);
+    if (i + 1 < N && g.dup) g.dup[i] = T(0);
+    if (i + 1 < N && g.dlo) g.dlo[i] = T(0);
+    for (i64 k = 0; k < r; ++k) {
+      if (g.du) g.du[i * r + k] = T(0);
+      if (g.dv) g.dv[i * r + k] = T(0);
+    }
+  }
+  // U, V rows of this chunk in the compute type (row t = row i0 + t)
+  const T *Uc = nullptr, *Vc = nullptr;
+  std::vector<T> ubuf, vbuf;
+  if constexpr (std::is_same_v<T, UV>) {
+    Uc = tk.u + i0 * r;
+    Vc = tk.v + i0 * r;
+  } else {
+    ubuf.resize(static_cast<std::size_t>(n * r));
+    vbuf.resize(static_cast<std::size_t>(n * r));
+    for (i64 e = 0; e < n * r; ++e) {
+      ubuf[static_cast<std::size_t>(e)] = to_compute(tk.u[i0 * r + e]);
+      vbuf[static_cast<std::size_t>(e)] = to_compute(tk.v[i0 * r + e]);
+    }
+    Uc = ubuf.data();
+    Vc = vbuf.data();
+  }
+  auto urow = [&](i64 t) { return Uc + t * r; };
+  auto vrow = [&](i64 t) { return Vc + t * r; };
+  std::vector<T> M(static_cast<std::size_t>(rD)), Mt(static_cast<std::size_t>(rD));
+  auto transpose_into = [&](const T* W) {  // Mt (D x r) = W^T
+    for (i64 k = 0; k < r; ++k)
+      for (i64 e = 0; e < D; ++e) Mt[static_cast<std::size_t>(e * r + k)] = W[k * D + e];
+  };
+  const bool rank = r > 0 && D > 0;
+  for (i64 b = 0; b < B; ++b) {
+    const T *xb = x + (b * N + i0) * D, *gb = dy + (b * N + i0) * D;
+    T* dxb = g.dx ? g.dx + (b * N + i0) * D : nullptr;
+    auto xrow = [&](i64 t) { return xb + t * D; };
+    auto grow = [&](i64 t) { return gb + t * D; };
+    const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
+    const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
+    for (i64 t = 0; t < n; ++t) {  // the band of T, and T^T dy
+      i64 i = i0 + t;
+      const T *xi = xb + t * D, *gi = gb + t * D;
+      if (g.dd) g.dd[i] += dot(gi, xi, D);
+      if (i + 1 < N) {
+        if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
+        if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
+      }
+      if (dxb)
+        tri_apply(dxb + t * D, gi, !causal && i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
+                  !causal && i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
+    }
+    if (!rank) continue;
+    if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
+      if (dxb) sweep<Sweep::mix>(const_cast<T*>(Wg), static_cast<const T*>(nullptr), dxb, D, r, 0, n, false, vrow, vrow);
+      if (g.du) {
+        transpose_into(Wx);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.du + i0 * r, r, D, 0, n, false, grow, grow);
+      }
+      if (g.dv) {
+        transpose_into(Wg);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.dv + i0 * r, r, D, 0, n, false, xrow, xrow);
+      }
+      continue;
+    }
+    // causal: Q_j = suffix of u_i (x) dy_i (from the later chunks' sum Wg), P_i = prefix of v_j (x) x_j
+    if (dxb) {  // dx_j += v_j . Q_j
+      std::copy(Wg, Wg + rD, M.begin());
+      sweep<Sweep::scan>(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow);
+    }
+    if (g.du) {  // du_i = P_i dy_i, with P^T (D x r) updated by x_i[c] v_i
+      transpose_into(Wx);
+      sweep<Sweep::scan>(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow);
+    }
+    if (g.dv) {  // dv_j = Q_j x_j, with Q^T updated by dy_j[c] u_j
+      transpose_into(Wg);
+      sweep<Sweep::scan>(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow);
+    }
+  }
+}
+
+// run(task, i): the generic task, or its target_clones version for f32.
+template <class T, class UV> void run(const SumsTask<T, UV>& k, i64 t) { chunk_sums_task(k, t); }
+template <class T, class UV> void run(const MatvecTask<T, UV>& k, i64 t) { matvec_task(k, t); }
+template <class T, class UV> void run(const BackwardTask<T, UV>& k, i64 t) { matvec_backward_task(k, t); }
+#define AD_SEMISEP_CLONE(UV)                                                                        \
+  AD_SIMD_CLONES void run(const SumsTask<float, UV>& k, i64 t) { chunk_sums_task(k, t); }         \
+  AD_SIMD_CLONES void run(const MatvecTask<float, UV>& k, i64 t) { matvec_task(k, t); }           \
+  AD_SIMD_CLONES void run(const BackwardTask<float, UV>& k, i64 t) { matvec_backward_task(k, t); }
+AD_SEMISEP_CLONE(float)
+AD_SEMISEP_CLONE(Bf16)
+AD_SEMISEP_CLONE(F16)
+#undef AD_SEMISEP_CLONE
+
+template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
+  SumsTask<T, UV> task{dm, x, v, S};
+  parallel::parallel_for(dm.B * dm.chunks(), 2.0 * static_cast<double>(dm.B * dm.N * dm.r * dm.D),
+                         [&](i64 t) { run(task, t); });
 }
 }  // namespace
 
@@ -190,26 +392,8 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
     chunk_sums(dm, x, v, S);
     combine(dm, rD, S, causal ? Scan::prefix : Scan::total);
   }
-  parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) {
-    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
-    const T* xb = x + b * N * D;
-    T* yb = y + b * N * D;
-    const T* W = S + (b * nc + (causal ? c : 0)) * rD;
-    std::vector<T> P(causal ? static_cast<std::size_t>(rD) : 0, T(0));
-    Rows<T, UV> ur(r), vr(r);
-    for (i64 i = i0; i < i1; ++i) {
-      const T* xi = xb + i * D;
-      T* yi = yb + i * D;
-      tri_apply(yi, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr, i > 0 ? lo[i - 1] : T(0),
-                d[i], !causal && i + 1 < N ? up[i] : T(0), D);
-      if (r == 0) continue;
-      if (causal) {
-        causal_row(yi, P.data(), ur.row(u, i, r), vr.row(v, i, r), W, xi, r, D);
-      } else {
-        mix_acc(yi, ur.row(u, i, r), W, r, D);
-      }
-    }
-  });
+  MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S};
+  parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) { run(task, t); });
 }
 
 std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
@@ -241,73 +425,8 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
     chunk_sums(dm, dy, u, Sg);
     combine(dm, rD, Sg, causal ? Scan::suffix : Scan::total);
   }
-  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)), [&](i64 c) {
-    i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
-    for (i64 i = i0; i < i1; ++i) {
-      if (g.dd) g.dd[i] = T(0);
-      if (i + 1 < N && g.dup) g.dup[i] = T(0);
-      if (i + 1 < N && g.dlo) g.dlo[i] = T(0);
-      for (i64 k = 0; k < r; ++k) {
-        if (g.du) g.du[i * r + k] = T(0);
-        if (g.dv) g.dv[i * r + k] = T(0);
-      }
-    }
-    std::vector<T> P(causal ? static_cast<std::size_t>(rD) : 0), Q(causal ? static_cast<std::size_t>(rD) : 0);
-    Rows<T, UV> ur(r), vr(r);
-    for (i64 b = 0; b < B; ++b) {
-      const T *xb = x + b * N * D, *gb = dy + b * N * D;
-      T* dxb = g.dx ? g.dx + b * N * D : nullptr;
-      const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
-      const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
-      for (i64 i = i0; i < i1; ++i) {  // the band of T
-        const T *xi = xb + i * D, *gi = gb + i * D;
-        if (g.dd) g.dd[i] += dot(gi, xi, D);
-        if (i + 1 < N) {
-          if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
-          if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
-        }
-      }
-      if (!causal) {
-        for (i64 i = i0; i < i1; ++i) {
-          const T *xi = xb + i * D, *gi = gb + i * D;
-          if (dxb) {
-            tri_apply(dxb + i * D, gi, i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
-                      i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
-            if (r) mix_acc(dxb + i * D, vr.row(v, i, r), Wg, r, D);
-          }
-          if (g.du && D)
-            for (i64 k = 0; k < r; ++k) g.du[i * r + k] += dot(gi, Wx + k * D, D);
-          if (g.dv && D)
-            for (i64 k = 0; k < r; ++k) g.dv[i * r + k] += dot(xi, Wg + k * D, D);
-        }
-        continue;
-      }
-      if (g.du && r && D) {
-        std::fill(P.begin(), P.end(), T(0));
-        for (i64 i = i0; i < i1; ++i) {
-          const T *xi = xb + i * D, *gi = gb + i * D;
-          outer_acc(P.data(), vr.row(v, i, r), xi, r, D);
-          for (i64 k = 0; k < r; ++k) g.du[i * r + k] += dot(gi, Wx + k * D, D) + dot(gi, P.data() + k * D, D);
-        }
-      }
-      if (dxb || g.dv) {
-        std::fill(Q.begin(), Q.end(), T(0));
-        for (i64 i = i1 - 1; i >= i0; --i) {
-          const T *xi = xb + i * D, *gi = gb + i * D;
-          if (dxb) {
-            tri_apply(dxb + i * D, gi, static_cast<const T*>(nullptr), i + 1 < N ? gi + D : nullptr, T(0), d[i],
-                      i + 1 < N ? lo[i] : T(0), D);
-            // Q += u_i (x) dy_i; dx_i += v_i . (Wg + Q)
-            if (r && D) causal_row(dxb + i * D, Q.data(), vr.row(v, i, r), ur.row(u, i, r), Wg, gi, r, D);
-          } else if (r && D) {
-            outer_acc(Q.data(), ur.row(u, i, r), gi, r, D);
-          }
-          if (g.dv && D)
-            for (i64 k = 0; k < r; ++k) g.dv[i * r + k] += dot(xi, Wg + k * D, D) + dot(xi, Q.data() + k * D, D);
-        }
-      }
-    }
-  });
+  BackwardTask<T, UV> task{dm, causal, x, d, up, lo, u, v, dy, g, Sx, Sg};
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)), [&](i64 c) { run(task, c); });
 }
 
 // ---- semiseparable_solve (Woodbury) ----
