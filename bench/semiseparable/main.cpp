@@ -178,12 +178,23 @@ int main(int argc, char** argv) {
     tf.push_back(w.fwd); tc.push_back(w.causal); tb.push_back(w.bwd); tbc.push_back(w.bwd_causal);
   }
   double pf = fit_exponent(ns, tf), pc = fit_exponent(ns, tc), pb = fit_exponent(ns, tb), pbc = fit_exponent(ns, tbc);
+  // the same fit over the sizes whose x exceeds the last-level cache (>= 64 MiB of x): memory-bound throughout
+  std::vector<double> ln, lf, lc, lb, lbc;
+  for (const Row& w : rows)
+    if (static_cast<double>(B * w.n * D) * 4.0 >= 64.0 * (1 << 20)) {
+      ln.push_back(static_cast<double>(w.n));
+      lf.push_back(w.fwd); lc.push_back(w.causal); lb.push_back(w.bwd); lbc.push_back(w.bwd_causal);
+    }
+  bool large = ln.size() >= 2;
+  double qf = large ? fit_exponent(ln, lf) : NAN, qc = large ? fit_exponent(ln, lc) : NAN,
+         qb = large ? fit_exponent(ln, lb) : NAN, qbc = large ? fit_exponent(ln, lbc) : NAN;
   auto gbs = [](double bytes, double s) { return bytes / s * 1e-9; };
   if (json) {
     std::printf("{\"cpu\": \"%s\", \"threads\": %d, \"r\": %lld, \"D\": %lld, \"B\": %lld,\n \"exponent\": {\"forward\": %.4f, "
-                "\"causal\": %.4f, \"backward\": %.4f, \"backward_causal\": %.4f},\n \"rows\": [",
+                "\"causal\": %.4f, \"backward\": %.4f, \"backward_causal\": %.4f, \"forward_out_of_cache\": %.4f, "
+                "\"causal_out_of_cache\": %.4f, \"backward_out_of_cache\": %.4f, \"backward_causal_out_of_cache\": %.4f},\n \"rows\": [",
                 cpu_model().c_str(), ad::parallel::max_threads(), static_cast<long long>(r),
-                static_cast<long long>(D), static_cast<long long>(B), pf, pc, pb, pbc);
+                static_cast<long long>(D), static_cast<long long>(B), pf, pc, pb, pbc, qf, qc, qb, qbc);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& w = rows[i];
       std::printf("%s\n  {\"N\": %lld, \"forward_ms\": %.4f, \"causal_ms\": %.4f, \"backward_ms\": %.4f, "
@@ -212,8 +223,11 @@ int main(int argc, char** argv) {
                 100 * b / cp, std::isfinite(w.dense) ? fmt::format("{:.3f}", w.dense * 1e3).c_str() : "-",
                 std::isfinite(w.dense) ? fmt::format("{:.1f}", w.dense / w.fwd).c_str() : "-");
   }
-  std::printf("\nfitted exponent of time ~ N^p: forward %.3f, causal %.3f, backward %.3f, backward causal %.3f "
+  std::printf("\nfitted exponent of time ~ N^p over all N: forward %.3f, causal %.3f, backward %.3f, backward causal %.3f "
               "(target <= 1.05)\n", pf, pc, pb, pbc);
+  if (large)
+    std::printf("over the N with x >= 64 MiB (out of cache): forward %.3f, causal %.3f, backward %.3f, backward causal %.3f\n",
+                qf, qc, qb, qbc);
   return 0;
 }
 

@@ -388,12 +388,39 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
   Carve cv{static_cast<char*>(ws)};
   T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
-  if (r > 0 && D > 0) {
-    chunk_sums(dm, x, v, S);
-    combine(dm, rD, S, causal ? Scan::prefix : Scan::total);
-  }
   MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S};
-  parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) { run(task, t); });
+  if (!causal || r == 0 || D == 0) {
+    if (r > 0 && D > 0) {
+      chunk_sums(dm, x, v, S);
+      combine(dm, rD, S, Scan::total);
+    }
+    parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) { run(task, t); });
+    return;
+  }
+  // Causal: groups of G chunks (about 4 MiB of x): chunk sums, exclusive
+  // prefix carried across groups (in double, in chunk order: the same values
+  // as one global scan), then pass 2 while the group's x is still in cache.
+  // x is read from memory once.
+  const i64 G = std::max<i64>(1, (i64{4} << 20) / std::max<i64>(1, dm.L * D * static_cast<i64>(sizeof(T))));
+  SumsTask<T, UV> sums{dm, x, v, S};
+  std::vector<double> carry(static_cast<std::size_t>(B * rD), 0.0);
+  for (i64 g0 = 0; g0 < nc; g0 += G) {
+    const i64 gn = std::min(nc, g0 + G) - g0, rows = std::min(N, (g0 + gn) * dm.L) - g0 * dm.L;
+    auto task_id = [&](i64 t) { return (t / gn) * nc + g0 + t % gn; };  // t over (b, chunk of the group)
+    parallel::parallel_for(B * gn, 2.0 * static_cast<double>(B * rows * rD), [&](i64 t) { run(sums, task_id(t)); });
+    for (i64 b = 0; b < B; ++b) {
+      double* acc = carry.data() + b * rD;
+      for (i64 c = g0; c < g0 + gn; ++c) {
+        T* s = S + (b * nc + c) * rD;
+        for (i64 e = 0; e < rD; ++e) {
+          double t = s[e];
+          s[e] = static_cast<T>(acc[e]);
+          acc[e] += t;
+        }
+      }
+    }
+    parallel::parallel_for(B * gn, static_cast<double>(B * rows * D * (4 * r + 6)), [&](i64 t) { run(task, task_id(t)); });
+  }
 }
 
 std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
