@@ -62,15 +62,37 @@ template <class T> AD_ALWAYS_INLINE void mix_acc(T* __restrict y, const T* __res
     for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
   }
 }
-// sum_c a[c] b[c] with 8 fixed partial sums (vectorises; a fixed order)
+// sum_c a[c] b[c]: 64-byte vector partial sums, then a fixed pairwise tree
+// over the lanes (vectorises; the same order every call)
 template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __restrict b, i64 n) {
-  T s[8] = {};
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  typedef T V __attribute__((vector_size(64)));
+  V acc = {};
   i64 i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) s[j] += a[i + j] * b[i + j];
-  T t = T(0);
+  for (; i + kW <= n; i += kW) {
+    V va, vb;
+    std::memcpy(&va, a + i, sizeof(V));
+    std::memcpy(&vb, b + i, sizeof(V));
+    acc += va * vb;
+  }
+  // lanes j += j + kW/2, then j += j + kW/4, ...: halves of the register added
+  typedef T V32 __attribute__((vector_size(32)));
+  typedef T V16 __attribute__((vector_size(16)));
+  V32 h0, h1;
+  std::memcpy(&h0, &acc, 32);
+  std::memcpy(&h1, reinterpret_cast<const char*>(&acc) + 32, 32);
+  h0 += h1;
+  V16 q0, q1;
+  std::memcpy(&q0, &h0, 16);
+  std::memcpy(&q1, reinterpret_cast<const char*>(&h0) + 16, 16);
+  q0 += q1;
+  T l[16 / sizeof(T)];
+  std::memcpy(l, &q0, 16);
+  T t;
+  if constexpr (sizeof(T) == 4) t = (l[0] + l[2]) + (l[1] + l[3]);
+  else t = l[0] + l[1];
   for (; i < n; ++i) t += a[i] * b[i];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
+  return t;
 }
 // yi = lp xp + dg xi + un xn, where xp / xn are absent (nullptr) at the ends
 template <class T>
@@ -110,10 +132,10 @@ template <class T, class UV> struct Rows {
 // block of M stays in registers for the whole chunk (GCC/Clang vector
 // extension). y_i receives its terms in increasing k, as the plain loop would.
 enum class Sweep { sums, mix, scan };
-template <int KN, Sweep mode, class T, class RowA, class RowB>
+template <int KN, int VB, Sweep mode, class T, class RowA, class RowB>
 AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
                                   RowA& arow, RowB& brow) {
-  typedef T V __attribute__((vector_size(64)));
+  typedef T V __attribute__((vector_size(VB)));
   V m[KN];
   for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
   for (i64 t = 0, n = i1 - i0; t < n; ++t) {
@@ -135,26 +157,34 @@ AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0,
   if constexpr (mode != Sweep::mix)
     for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
 }
-template <Sweep mode, class T, class RowA, class RowB>
-AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
-                            RowB brow) {
-  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
-  i64 c0 = 0;
+// Column blocks of VB bytes from c0 while they fit; returns the first column left.
+template <int VB, Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
+                                RowA& arow, RowB& brow) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       switch (std::min<i64>(8, r - k0)) {
-        case 8: sweep_block<8, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 7: sweep_block<7, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 6: sweep_block<6, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 5: sweep_block<5, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 4: sweep_block<4, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 3: sweep_block<3, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 2: sweep_block<2, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        default: sweep_block<1, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 8: sweep_block<8, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 7: sweep_block<7, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 6: sweep_block<6, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 5: sweep_block<5, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 4: sweep_block<4, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 3: sweep_block<3, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 2: sweep_block<2, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
       }
     }
+  return c0;
+}
+template <Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
+                            RowB brow) {
+  i64 c0 = sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow);  // 64-, then 32-, then 16-byte blocks
+  c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
+  c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
   if (c0 == D) return;
-  for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last D % kW columns
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last columns (fewer than 16 bytes)
     i64 i = reverse ? i1 - 1 - t : i0 + t;
     if constexpr (mode != Sweep::mix) {
       const T* a = arow(i);
