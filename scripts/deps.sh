@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ad needs to build and test (as root, or via sudo).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libfmt-dev doctest-dev libopenblas-dev libopenmpi-dev openmpi-bin)
+pkgs=(build-essential cmake pkg-config libfmt-dev doctest-dev libopenblas-dev libopenmpi-dev openmpi-bin liblapacke-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -307,6 +307,7 @@ std::vector<GradCase> gradcheck_cases() {
   nn_ops(c, rng);
   attention_gradcheck_cases(c.v, rng);
   semicrf_gradcheck_cases(c.v, rng);
+  semiseparable_gradcheck_cases(c.v, rng);
   return std::move(c.v);
 }
 

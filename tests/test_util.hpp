@@ -88,6 +88,8 @@ std::vector<GradCase> gradcheck_cases();
 void attention_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 // Cases of the semi-Markov CRF ops (tests/semicrf.cpp).
 void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
+// Cases of the semiseparable ops (tests/semiseparable.cpp).
+void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 
 struct Mismatch {
   std::size_t input;

@@ -10,6 +10,7 @@
 #include "ad/ops.hpp"
 #include "ad/schedule.hpp"
 #include "ad/semicrf.hpp"
+#include "ad/semiseparable.hpp"
 #include "ad/tensor.hpp"
 #include "ad/trace.hpp"
 #include "ad/version.hpp"

@@ -37,7 +37,7 @@ struct Attrs {
   double scalar = 0;           // scalar operand, exponent, eps, dropout p, fill value
   bool keepdim = false;
   bool trans_a = false, trans_b = false;
-  bool causal = false;         // attention: causal mask (bottom-right aligned)
+  bool causal = false;         // attention: causal mask (bottom-right aligned); semiseparable_matvec: lower triangle of H
   Reduction reduction = Reduction::mean;
   std::int32_t which = 0;      // multi-part backward: which gradient this node is
   DType dtype = DType::f32;    // cast / full target dtype

@@ -1,0 +1,135 @@
+#pragma once
+// Semiseparable matrices H = T + U V^T (T tridiagonal, U and V of rank r) and
+// tridiagonal systems, as graph ops with exact gradients, plus Tensor-level
+// utilities (factorisation of a dense H, a multi-level HODLR form) and a
+// learned causal token-mixer layer built from them.
+//
+// T is given by three vectors: t_diag (N) is T[i][i], t_upper (N-1) is
+// T[i][i+1], t_lower (N-1) is T[i+1][i]. T is not assumed symmetric.
+// U and V are (N, r), row-major. All float arguments of an op share x's dtype
+// (f32 or f64) unless said otherwise.
+#include <cstdint>
+#include <vector>
+
+#include "ad/graph.hpp"
+
+namespace ad {
+
+// ---- graph ops ----
+
+// y[b] = H x[b] = T x[b] + U (V^T x[b]);  x (B, N, D) -> y (B, N, D).
+// causal: only the lower triangle of H is applied: the diagonal and
+// sub-diagonal of T and the lower triangle of U V^T including its diagonal,
+//   y_i = t_lower[i-1] x_{i-1} + t_diag[i] x_i + u_i . sum_{j<=i} v_j x_j^T,
+// through prefix sums of v_j x_j^T (t_upper is then unused, its gradient 0).
+// Cost O(B N D r) either way; gradients for every input in one backward pass.
+// Mixed precision: with x in f32, u and v may be stored as bf16 or f16 (both
+// the same); products and sums are formed in f32 (their gradients come back
+// cast to bf16/f16). Throws ad::Error (naming the op and the shapes) when the
+// shapes or dtypes do not fit, or N < 1.
+Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                         const Operand& u, const Operand& v, bool causal = false);
+
+// y[b] = (T + U V^T)^-1 x[b];  x (B, N, D) -> y (B, N, D), by the Woodbury
+// identity: T^-1 applied by the Thomas algorithm, one r x r capacitance
+// matrix I + V^T T^-1 U (LU with partial pivoting). Cost O(N r^2 + B N D r).
+// u, v have x's dtype. Gradients: a second Woodbury solve with H^T.
+// Throws ad::Error at build time on shape/dtype misfit; at run time (naming
+// the op and the row) when T has a zero pivot (the Thomas algorithm does not
+// pivot: T should be diagonally dominant or otherwise LU-stable), or when the
+// capacitance matrix is singular.
+Var semiseparable_solve(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                        const Operand& u, const Operand& v);
+
+// y = T^-1 b by the Thomas algorithm, O(N) per column. b is (N), or
+// (..., N, M): the systems run along the second-to-last axis, every other
+// index is an independent right-hand side (batched). y has b's shape.
+// Gradients: db = T^-T dy (a second solve), dT = -db y^T on the band.
+// A zero (or non-finite) pivot throws ad::Error at run time naming the op
+// and the row; no pivoting is done (see semiseparable_solve).
+Var tridiag_solve(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& b);
+
+// diag((T - z I)^-1) in O(N) per shift, through the theta/phi recurrences in
+// ratio form (r_i = theta_i / theta_{i-1}, s_i = phi_i / phi_{i+1}, each an
+// O(1) recurrence; G_ii = 1 / (r_i + s_i - a_i)): neither overflows nor
+// underflows at any N (10^6 tested). Computed in double. Real shifts: z is ()
+// giving (N), or (K) giving (K, N). Differentiable in t_diag, t_upper,
+// t_lower and z (reverse mode through the recurrences, O(N) per shift; the
+// gradient is finite while no leading or trailing principal minor of
+// T - zI vanishes).
+Var tridiag_resolvent_diag(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& z);
+
+// ---- utilities on tensors (not graph ops; f64 results) ----
+
+// The dense N x N matrix T + U V^T (causal: its lower triangle), f64.
+// Inputs as for semiseparable_matvec (any float dtype). For tests and checks.
+Tensor semiseparable_dense(const Tensor& t_diag, const Tensor& t_upper, const Tensor& t_lower, const Tensor& u,
+                           const Tensor& v, bool causal = false);
+
+// Splits a dense H (N, N) into T (its tridiagonal band) + U V^T (rank r):
+// the band is removed, the rest truncated to rank r by an SVD (LAPACK
+// dgesdd), then band and low-rank part are refined by alternating
+// projections (L = svd_r(H - T), T = band(H - L)) until the relative error
+// stops improving or max_iters. u = U_r S_r, v = V_r.
+// rel_error = ||H - T - U V^T||_F / ||H||_F. Throws ad::Error if h is not
+// square or rank is not in [0, N].
+struct SemiseparableFactors {
+  Tensor t_diag, t_upper, t_lower, u, v;  // f64
+  double rel_error = 0;
+  int iterations = 0;  // SVDs computed
+};
+SemiseparableFactors semiseparable_factorize(const Tensor& h, std::int64_t rank, int max_iters = 200,
+                                             double tol = 1e-15);
+
+// A multi-level (HODLR) form of a dense N x N matrix: H = [[H11, U1 V1^T],
+// [U2 V2^T, H22]] recursively, the off-diagonal blocks truncated to rank r by
+// SVD (LAPACK), blocks of at most `leaf` rows kept dense. Storage and matvec
+// cost O(N r log N) (+ O(N leaf)). f64.
+class Hodlr {
+ public:
+  static Hodlr build(const Tensor& h, std::int64_t rank, std::int64_t leaf = 64);
+  // H x for x (N) or (N, D), f64; result of x's shape.
+  Tensor matvec(const Tensor& x) const;
+  std::int64_t size() const { return n_; }
+  std::int64_t levels() const { return levels_; }
+  std::int64_t stored_elements() const;  // numbers kept (dense leaves + factors)
+
+ private:
+  struct Block {
+    std::int64_t lo = 0, hi = 0, mid = 0;  // rows [lo, hi); children split at mid
+    int child[2] = {-1, -1};
+    std::vector<double> dense;              // leaf: (hi-lo)^2
+    std::vector<double> u12, v12, u21, v21; // H[lo:mid, mid:hi] ~ u12 v12^T etc. (column-major rank)
+    std::int64_t k12 = 0, k21 = 0;          // ranks kept
+  };
+  int build_block(const std::vector<double>& h, std::int64_t lo, std::int64_t hi, int depth);
+  void apply(int b, const double* x, double* y, std::int64_t D) const;
+  std::vector<Block> blocks_;
+  std::int64_t n_ = 0, rank_ = 0, leaf_ = 64, levels_ = 0;
+};
+
+// ---- layer ----
+
+// A learned causal semiseparable token mixer, a drop-in replacement for
+// causal self-attention over x (B, N, C):
+//   h = x W_in;  m = causal semiseparable_matvec(h, t_diag, 0, t_lower, U, V);  y = m W_out
+// with T (diagonal and sub-diagonal) and U, V (max_len, rank) learned per
+// position and sliced to the first N rows (N <= max_len). U and V do not
+// depend on the input; the input enters through W_in and the mixing is the
+// same for every channel. uv_dtype bf16/f16 casts U and V for the product
+// (mixed precision; gradients reach the f32 parameters through the cast).
+struct SemiseparableMixer {
+  Parameter t_diag, t_lower, u, v, w_in, w_out;
+  std::int64_t max_len = 0, channels = 0, rank = 0;
+  DType uv_dtype = DType::f32;
+  // Init: t_diag = 1, t_lower ~ N(0, 0.1^2), u ~ N(0, 1/rank),
+  // v ~ N(0, 1/max_len), w_in, w_out ~ N(0, 1/C). Throws ad::Error on
+  // non-positive sizes.
+  static SemiseparableMixer make(std::int64_t max_len, std::int64_t channels, std::int64_t rank, Rng& rng,
+                                 DType dtype = DType::f32);
+  // x (B, N, C) with N <= max_len -> (B, N, C). Throws ad::Error otherwise.
+  Var operator()(const Var& x) const;
+  std::vector<Parameter> parameters() const { return {t_diag, t_lower, u, v, w_in, w_out}; }
+};
+
+}  // namespace ad

@@ -1,0 +1,243 @@
+// Semiseparable matrices H = T + U V^T (T tridiagonal, U and V of rank r) as
+// graph ops: the matvec (optionally causal) and the Woodbury solve. Each
+// backward is one node that forms the gradients of all wanted inputs in one
+// pass into one buffer; the backward rule hands them out with ad::part.
+// Kernels: src/ops/semiseparable_cpu.cpp.
+#include "ad/semiseparable.hpp"
+
+#include <array>
+
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+#include "ops/semiseparable_cpu.hpp"
+
+namespace ad {
+
+namespace {
+using i64 = std::int64_t;
+
+struct SemisepShape { i64 B, N, D, r; };
+bool low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// x (B, N, D), t_diag (N), t_upper (N-1), t_lower (N-1), u (N, r), v (N, r).
+// u and v share a dtype: x's, or bf16/f16 when x is f32 and allow_low.
+SemisepShape check_semisep(const InferArgs& a, bool allow_low) {
+  const Meta& x = a[0];
+  if (!is_compute_float(x.dtype)) fail_shapes(a, fmt::format("x must be f32 or f64, got {}", dtype_name(x.dtype)));
+  for (std::size_t i = 1; i < a.in.size(); ++i)
+    if (!(a[i].device == x.device)) fail_shapes(a, "inputs on different devices");
+  for (std::size_t i = 1; i <= 3; ++i)
+    if (a[i].dtype != x.dtype) fail_shapes(a, "dtype mismatch: t_diag, t_upper and t_lower must have x's dtype");
+  DType uv = a[4].dtype;
+  if (a[5].dtype != uv) fail_shapes(a, "dtype mismatch: u and v must share a dtype");
+  if (uv != x.dtype && !(allow_low && x.dtype == DType::f32 && low_precision(uv)))
+    fail_shapes(a, allow_low ? "dtype mismatch: u and v must have x's dtype, or be bf16/f16 when x is f32"
+                             : "dtype mismatch: u and v must have x's dtype");
+  if (x.shape.rank() != 3) fail_shapes(a, "x must be (B, N, D)");
+  i64 N = x.shape[1];
+  if (N < 1) fail_shapes(a, "the sequence length N = x.shape[1] must be >= 1");
+  if (a[1].shape != Shape{N}) fail_shapes(a, fmt::format("t_diag must be [{}] (N)", N));
+  if (a[2].shape != Shape{N - 1} || a[3].shape != Shape{N - 1})
+    fail_shapes(a, fmt::format("t_upper and t_lower must be [{}] (N - 1)", N - 1));
+  if (a[4].shape.rank() != 2 || a[4].shape[0] != N || a[5].shape != a[4].shape)
+    fail_shapes(a, fmt::format("u and v must both be (N, r) with N = {}", N));
+  return {x.shape[0], N, x.shape[2], a[4].shape[1]};
+}
+semisep::Dims dims_of(const Shape& x, i64 r, const Attrs& at) {
+  return semisep::make_dims(x[0], x[1], x[2], r, at.start);
+}
+
+// Calls f(T{}, UV{}) for x's compute type and u's storage type.
+template <class F> void dispatch_uv(DType x, DType uv, const char* op, F&& f) {
+  if (x == DType::f64) return f(double{}, double{});
+  if (x != DType::f32) kernel_fail(op, fmt::format("no CPU kernel for dtype {}", dtype_name(x)));
+  switch (uv) {
+    case DType::f32: return f(float{}, float{});
+    case DType::bf16: return f(float{}, semisep::Bf16{});
+    case DType::f16: return f(float{}, semisep::F16{});
+    default: kernel_fail(op, fmt::format("no CPU kernel for u, v of dtype {}", dtype_name(uv)));
+  }
+}
+
+// The gradient buffer of the matvec backward: the wanted parts (bit i of
+// `mask` = input i) in input order: dx (B,N,D), dd (N), dup, dlo (N-1), du, dv (N,r).
+std::array<i64, 7> grad_offsets(int mask, const std::array<i64, 6>& sizes) {
+  std::array<i64, 7> off{};
+  i64 at = 0;
+  for (int i = 0; i < 6; ++i) {
+    off[static_cast<std::size_t>(i)] = (mask >> i) & 1 ? at : -1;
+    if ((mask >> i) & 1) at += sizes[static_cast<std::size_t>(i)];
+  }
+  off[6] = at;
+  return off;
+}
+std::array<i64, 6> grad_sizes(i64 B, i64 N, i64 D, i64 r) { return {B * N * D, N, N - 1, N - 1, N * r, N * r}; }
+}  // namespace
+
+// ---- semiseparable_matvec ----  x (B,N,D) -> y (B,N,D), y[b] = (T + U V^T) x[b];
+// causal: y_i = lo_{i-1} x_{i-1} + d_i x_i + sum_{j<=i} (u_i . v_j) x_j. Saves all inputs.
+Meta infer_semiseparable_matvec(const InferArgs& a) {
+  check_semisep(a, true);
+  return a[0];
+}
+void semiseparable_matvec_cpu(const KernelArgs& k) {
+  semisep::Dims dm = dims_of(k[0].shape(), k[4].shape()[1], k.attrs);
+  dispatch_uv(k[0].dtype(), k[4].dtype(), "semiseparable_matvec", [&](auto t, auto uvt) {
+    using T = decltype(t);
+    using UV = decltype(uvt);
+    semisep::matvec<T, UV>(dm, k.attrs.causal, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k[3].data<T>(),
+                           static_cast<const UV*>(k[4].raw()), static_cast<const UV*>(k[5].raw()), k.out.data<T>(),
+                           k.workspace);
+  });
+}
+double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
+  double r = static_cast<double>(a[4].shape[1]);
+  return static_cast<double>(out.shape.numel()) * ((a.attrs.causal ? 6 : 4) * r + 5);
+}
+std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta&) {
+  return static_cast<std::int64_t>(
+      semisep::matvec_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
+}
+void semiseparable_matvec_bwd(BackwardArgs& a) {
+  int mask = 0;
+  for (int i = 0; i < 6; ++i) mask |= a.needs[static_cast<std::size_t>(i)] ? 1 << i : 0;
+  if (!mask) return;
+  Attrs at = a.attrs;
+  at.which = mask;
+  Var buf = make_node(OpId::semiseparable_matvec_backward,
+                      {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.dout}, at);
+  const Shape& x = a.in[0].shape();
+  auto off = grad_offsets(mask, grad_sizes(x[0], x[1], x[2], a.in[4].shape()[1]));
+  for (std::size_t i = 0; i < 6; ++i) {
+    if (off[i] < 0) continue;
+    Var g = part(buf, off[i], a.in[i].shape());
+    a.grad[i] = a.in[i].dtype() == g.dtype() ? g : cast(g, a.in[i].dtype());  // bf16/f16 u, v
+  }
+}
+const OpDef op_def_semiseparable_matvec{
+    .name = "semiseparable_matvec", .args = "x,t_diag,t_upper,t_lower,u,v", .arity = 6,
+    .infer = infer_semiseparable_matvec, .cpu = semiseparable_matvec_cpu, .backward = semiseparable_matvec_bwd,
+    .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5),
+    .flops = semiseparable_matvec_flops, .workspace = semiseparable_matvec_ws};
+Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                         const Operand& u, const Operand& v, bool causal) {
+  Attrs at;
+  at.causal = causal;
+  return make_node(OpId::semiseparable_matvec, {x, t_diag, t_upper, t_lower, u, v}, at);
+}
+
+// ---- semiseparable_matvec_backward ----  (x, t_diag, t_upper, t_lower, u, v, dy) -> one flat
+// buffer holding the gradients selected by attrs.which (bit i = input i), in input order.
+Meta infer_semiseparable_matvec_backward(const InferArgs& a) {
+  SemisepShape s = check_semisep(a, true);
+  if (a[6].shape != a[0].shape || a[6].dtype != a[0].dtype) fail_shapes(a, "dy must match x");
+  auto off = grad_offsets(a.attrs.which, grad_sizes(s.B, s.N, s.D, s.r));
+  return Meta{Shape{off[6]}, a[0].dtype, a[0].device};
+}
+void semiseparable_matvec_backward_cpu(const KernelArgs& k) {
+  const Shape& xs = k[0].shape();
+  i64 r = k[4].shape()[1];
+  semisep::Dims dm = dims_of(xs, r, k.attrs);
+  auto off = grad_offsets(k.attrs.which, grad_sizes(xs[0], xs[1], xs[2], r));
+  dispatch_uv(k[0].dtype(), k[4].dtype(), "semiseparable_matvec_backward", [&](auto t, auto uvt) {
+    using T = decltype(t);
+    using UV = decltype(uvt);
+    T* base = k.out.data<T>();
+    auto at = [&](std::size_t i) { return off[i] < 0 ? nullptr : base + off[i]; };
+    semisep::MatvecGrads<T> g{at(0), at(1), at(2), at(3), at(4), at(5)};
+    semisep::matvec_backward<T, UV>(dm, k.attrs.causal, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
+                                    k[3].data<T>(), static_cast<const UV*>(k[4].raw()),
+                                    static_cast<const UV*>(k[5].raw()), k[6].data<T>(), g, k.workspace);
+  });
+}
+double semiseparable_matvec_backward_flops(const InferArgs& a, const Meta&) {
+  double r = static_cast<double>(a[4].shape[1]);
+  return static_cast<double>(a[0].shape.numel()) * ((a.attrs.causal ? 10 : 8) * r + 12);
+}
+std::int64_t semiseparable_matvec_backward_ws(const InferArgs& a, const Meta&) {
+  return static_cast<std::int64_t>(
+      semisep::matvec_backward_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
+}
+const OpDef op_def_semiseparable_matvec_backward{
+    .name = "semiseparable_matvec_backward", .args = "x,t_diag,t_upper,t_lower,u,v,dy", .arity = 7,
+    .infer = infer_semiseparable_matvec_backward, .cpu = semiseparable_matvec_backward_cpu,
+    .no_grad = "double backward is not supported", .flops = semiseparable_matvec_backward_flops,
+    .workspace = semiseparable_matvec_backward_ws};
+
+// ---- semiseparable_solve ----  x (B,N,D) -> y = (T + U V^T)^-1 x[b] by Woodbury, O(N r^2 + B N D r);
+// saves t_*, u, v and the output
+Meta infer_semiseparable_solve(const InferArgs& a) {
+  check_semisep(a, false);
+  return a[0];
+}
+void semiseparable_solve_cpu(const KernelArgs& k) {
+  semisep::Dims dm = dims_of(k[0].shape(), k[4].shape()[1], k.attrs);
+  kernels::dispatch_float(k.out.dtype(), "semiseparable_solve", [&](auto t) {
+    using T = decltype(t);
+    semisep::woodbury_solve<T>("semiseparable_solve", dm, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
+                               k[3].data<T>(), k[4].data<T>(), k[5].data<T>(), k.out.data<T>(), false, k.workspace);
+  });
+}
+double semiseparable_solve_flops(const InferArgs& a, const Meta& out) {
+  double r = static_cast<double>(a[4].shape[1]), N = static_cast<double>(a[0].shape[1]);
+  return static_cast<double>(out.shape.numel()) * (4 * r + 8) + N * r * (2 * r + 8);
+}
+std::int64_t semiseparable_solve_ws(const InferArgs& a, const Meta&) {
+  return static_cast<std::int64_t>(
+      semisep::woodbury_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
+}
+void semiseparable_solve_bwd(BackwardArgs& a) {
+  Var buf = make_node(OpId::semiseparable_solve_backward,
+                      {a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.out, a.dout}, a.attrs);
+  const Shape& x = a.in[0].shape();
+  auto off = grad_offsets(0x3f, grad_sizes(x[0], x[1], x[2], a.in[4].shape()[1]));
+  for (std::size_t i = 0; i < 6; ++i)
+    if (a.needs[i]) a.grad[i] = part(buf, off[i], a.in[i].shape());
+}
+const OpDef op_def_semiseparable_solve{
+    .name = "semiseparable_solve", .args = "x,t_diag,t_upper,t_lower,u,v", .arity = 6,
+    .infer = infer_semiseparable_solve, .cpu = semiseparable_solve_cpu, .backward = semiseparable_solve_bwd,
+    .saves = kSavesOutput | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5),
+    .flops = semiseparable_solve_flops, .workspace = semiseparable_solve_ws};
+Var semiseparable_solve(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                        const Operand& u, const Operand& v) {
+  return make_node(OpId::semiseparable_solve, {x, t_diag, t_upper, t_lower, u, v});
+}
+
+// ---- semiseparable_solve_backward ----  (t_diag, t_upper, t_lower, u, v, y, dy) -> one buffer
+// [dx (B,N,D), dt_diag (N), dt_upper (N-1), dt_lower (N-1), du (N,r), dv (N,r)]:
+// lam = H^-T dy (a second Woodbury solve), dH = -lam y^T.
+Meta infer_semiseparable_solve_backward(const InferArgs& a) {
+  std::array<const Meta*, 6> in{&a[5], &a[0], &a[1], &a[2], &a[3], &a[4]};  // as (x = y, t_*, u, v)
+  SemisepShape s = check_semisep(InferArgs{a.def, in, a.attrs}, false);
+  if (a[6].shape != a[5].shape || a[6].dtype != a[5].dtype) fail_shapes(a, "dy must match y");
+  return Meta{Shape{grad_offsets(0x3f, grad_sizes(s.B, s.N, s.D, s.r))[6]}, a[5].dtype, a[5].device};
+}
+void semiseparable_solve_backward_cpu(const KernelArgs& k) {
+  const Shape& ys = k[5].shape();
+  i64 r = k[3].shape()[1];
+  semisep::Dims dm = dims_of(ys, r, k.attrs);
+  auto off = grad_offsets(0x3f, grad_sizes(ys[0], ys[1], ys[2], r));
+  kernels::dispatch_float(k.out.dtype(), "semiseparable_solve_backward", [&](auto t) {
+    using T = decltype(t);
+    T* o = k.out.data<T>();
+    semisep::woodbury_solve_backward<T>("semiseparable_solve", dm, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
+                                        k[3].data<T>(), k[4].data<T>(), k[5].data<T>(), k[6].data<T>(), o + off[0],
+                                        o + off[1], o + off[2], o + off[3], o + off[4], o + off[5], k.workspace);
+  });
+}
+std::int64_t semiseparable_solve_backward_ws(const InferArgs& a, const Meta&) {
+  return static_cast<std::int64_t>(
+      semisep::woodbury_backward_ws_bytes(dims_of(a[5].shape, a[3].shape[1], a.attrs), dtype_size(a[5].dtype)));
+}
+const OpDef op_def_semiseparable_solve_backward{
+    .name = "semiseparable_solve_backward", .args = "t_diag,t_upper,t_lower,u,v,y,dy", .arity = 7,
+    .infer = infer_semiseparable_solve_backward, .cpu = semiseparable_solve_backward_cpu,
+    .no_grad = "double backward is not supported",
+    .flops = [](const InferArgs& a, const Meta&) {
+      double r = static_cast<double>(a[3].shape[1]), N = static_cast<double>(a[5].shape[1]);
+      return static_cast<double>(a[5].shape.numel()) * (8 * r + 14) + N * r * (2 * r + 8);
+    },
+    .workspace = semiseparable_solve_backward_ws};
+
+}  // namespace ad

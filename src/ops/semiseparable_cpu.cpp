@@ -1,0 +1,648 @@
+// CPU kernels of semiseparable_matvec (and its gradient) and of the
+// Woodbury solve (and its gradient). See semiseparable_cpu.hpp.
+#include "ops/semiseparable_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/graph_impl.hpp"
+#include "ops/parallel.hpp"
+
+namespace ad::semisep {
+
+namespace {
+using i64 = std::int64_t;
+
+// Hot f32 tasks are compiled for AVX-512, AVX2 and baseline x86-64 and picked
+// at load time (GCC/Clang target_clones; the row helpers are force-inlined
+// into each clone). The AVX clones may fuse a*b+c into FMA, so bits can
+// differ between machines of different ISA; on one machine they are fixed
+// (and independent of the thread count).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(AD_NO_TARGET_CLONES)
+#define AD_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define AD_SIMD_CLONES
+#endif
+#define AD_ALWAYS_INLINE __attribute__((always_inline)) inline
+
+// acc[k, :] += w[k] x[:]  (k < r, D columns)
+template <class T> AD_ALWAYS_INLINE void outer_acc(T* __restrict acc, const T* __restrict w, const T* __restrict x, i64 r, i64 D) {
+  for (i64 k = 0; k < r; ++k) {
+    T wk = w[k];
+    T* a = acc + k * D;
+    for (i64 c = 0; c < D; ++c) a[c] += wk * x[c];
+  }
+}
+// y[:] += sum_k w[k] S[k, :] (sums over k in order). 64-byte blocks of y are
+// held in a register (GCC/Clang vector extension: one zmm, two ymm or four
+// xmm, whatever the clone's ISA has) across the loop over k.
+template <class T> AD_ALWAYS_INLINE void mix_acc(T* __restrict y, const T* __restrict w, const T* __restrict S, i64 r, i64 D) {
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  typedef T V __attribute__((vector_size(64)));
+  i64 c0 = 0;
+  for (; c0 + kW <= D; c0 += kW) {
+    V acc;
+    std::memcpy(&acc, y + c0, sizeof(V));
+    for (i64 k = 0; k < r; ++k) {
+      V sv;
+      std::memcpy(&sv, S + k * D + c0, sizeof(V));
+      acc += w[k] * sv;
+    }
+    std::memcpy(y + c0, &acc, sizeof(V));
+  }
+  for (i64 k = 0; k < r; ++k) {
+    T wk = w[k];
+    const T* s = S + k * D;
+    for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
+  }
+}
+// sum_c a[c] b[c]: 64-byte vector partial sums, then a fixed pairwise tree
+// over the lanes (vectorises; the same order every call)
+template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __restrict b, i64 n) {
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  typedef T V __attribute__((vector_size(64)));
+  V acc = {};
+  i64 i = 0;
+  for (; i + kW <= n; i += kW) {
+    V va, vb;
+    std::memcpy(&va, a + i, sizeof(V));
+    std::memcpy(&vb, b + i, sizeof(V));
+    acc += va * vb;
+  }
+  // lanes j += j + kW/2, then j += j + kW/4, ...: halves of the register added
+  typedef T V32 __attribute__((vector_size(32)));
+  typedef T V16 __attribute__((vector_size(16)));
+  V32 h0, h1;
+  std::memcpy(&h0, &acc, 32);
+  std::memcpy(&h1, reinterpret_cast<const char*>(&acc) + 32, 32);
+  h0 += h1;
+  V16 q0, q1;
+  std::memcpy(&q0, &h0, 16);
+  std::memcpy(&q1, reinterpret_cast<const char*>(&h0) + 16, 16);
+  q0 += q1;
+  T l[16 / sizeof(T)];
+  std::memcpy(l, &q0, 16);
+  T t;
+  if constexpr (sizeof(T) == 4) t = (l[0] + l[2]) + (l[1] + l[3]);
+  else t = l[0] + l[1];
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+// yi = lp xp + dg xi + un xn, where xp / xn are absent (nullptr) at the ends
+template <class T>
+AD_ALWAYS_INLINE void tri_apply(T* __restrict yi, const T* xi, const T* xp, const T* xn, T lp, T dg, T un, i64 D) {
+  if (xp && xn)
+    for (i64 c = 0; c < D; ++c) yi[c] = tridiag_row(lp, dg, un, xp[c], xi[c], xn[c]);
+  else if (xp)
+    for (i64 c = 0; c < D; ++c) yi[c] = lp * xp[c] + dg * xi[c];
+  else if (xn)
+    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c] + un * xn[c];
+  else
+    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c];
+}
+
+// Rows of U or V in the compute type (converted from bf16/f16 when stored so).
+template <class T, class UV> struct Rows {
+  std::vector<T> buf;
+  explicit Rows(i64 r) {
+    if constexpr (!std::is_same_v<T, UV>) buf.resize(static_cast<std::size_t>(r));
+  }
+  AD_ALWAYS_INLINE const T* row(const UV* p, i64 i, i64 r) {
+    if constexpr (std::is_same_v<T, UV>) {
+      return p + i * r;
+    } else {
+      for (i64 k = 0; k < r; ++k) buf[static_cast<std::size_t>(k)] = to_compute(p[i * r + k]);
+      return buf.data();
+    }
+  }
+};
+
+// Register-blocked sweeps over the rows [i0, i1) of a chunk (in order, or
+// reversed) with an r x D state M (row-major):
+//   sums: M[k, :] += a_i[k] x_i[:]
+//   mix:  y_i[:] += sum_k b_i[k] M[k, :]            (M read only)
+//   scan: M[k, :] += a_i[k] x_i[:], then y_i[:] += sum_k b_i[k] M[k, :]
+// For each 64-byte block of columns and each block of up to 8 rows of M, the
+// block of M stays in registers for the whole chunk (GCC/Clang vector
+// extension). y_i receives its terms in increasing k, as the plain loop would.
+enum class Sweep { sums, mix, scan };
+template <int KN, int VB, Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
+                                  RowA& arow, RowB& brow) {
+  typedef T V __attribute__((vector_size(VB)));
+  V m[KN];
+  for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    if constexpr (mode != Sweep::mix) {
+      const T* a = arow(i);
+      V xv;
+      std::memcpy(&xv, x + i * D + c0, sizeof(V));
+      for (int q = 0; q < KN; ++q) m[q] += a[k0 + q] * xv;
+    }
+    if constexpr (mode != Sweep::sums) {
+      const T* b = brow(i);
+      V yv;
+      std::memcpy(&yv, y + i * D + c0, sizeof(V));
+      for (int q = 0; q < KN; ++q) yv += b[k0 + q] * m[q];
+      std::memcpy(y + i * D + c0, &yv, sizeof(V));
+    }
+  }
+  if constexpr (mode != Sweep::mix)
+    for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
+}
+// Column blocks of VB bytes from c0 while they fit; returns the first column left.
+template <int VB, Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
+                                RowA& arow, RowB& brow) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  for (; c0 + kW <= D; c0 += kW)
+    for (i64 k0 = 0; k0 < r; k0 += 8) {
+      switch (std::min<i64>(8, r - k0)) {
+        case 8: sweep_block<8, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 7: sweep_block<7, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 6: sweep_block<6, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 5: sweep_block<5, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 4: sweep_block<4, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 3: sweep_block<3, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        case 2: sweep_block<2, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+      }
+    }
+  return c0;
+}
+template <Sweep mode, class T, class RowA, class RowB>
+AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
+                            RowB brow) {
+  i64 c0 = sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow);  // 64-, then 32-, then 16-byte blocks
+  c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
+  c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
+  if (c0 == D) return;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last columns (fewer than 16 bytes)
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    if constexpr (mode != Sweep::mix) {
+      const T* a = arow(i);
+      for (i64 k = 0; k < r; ++k)
+        for (i64 c = c0; c < D; ++c) M[k * D + c] += a[k] * x[i * D + c];
+    }
+    if constexpr (mode != Sweep::sums) {
+      const T* b = brow(i);
+      for (i64 k = 0; k < r; ++k)
+        for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
+    }
+  }
+}
+
+// S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), one task per (b, c)
+template <class T, class UV> struct SumsTask { const Dims& dm; const T* x; const UV* v; T* S; };
+template <class T, class UV> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T, UV>& tk, i64 t) {
+  const Dims& dm = tk.dm;
+  const T* x = tk.x;
+  const UV* v = tk.v;
+  i64 nc = dm.chunks(), rD = dm.r * dm.D;
+  T* S = tk.S;
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
+    T* s = S + t * rD;
+    std::fill(s, s + rD, T(0));
+    Rows<T, UV> vr(dm.r);
+    auto vrow = [&](i64 i) { return vr.row(v, i, dm.r); };
+    sweep<Sweep::sums>(s, x + b * dm.N * dm.D, static_cast<T*>(nullptr), dm.D, dm.r, i0, i1, false, vrow, vrow);
+}
+template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S);
+
+enum class Scan { total, prefix, suffix };
+// Per b, over the chunk slots of `width` elements, in chunk order, in double:
+// total -> slot 0 holds the sum; prefix / suffix -> slot c holds the sum of
+// the slots before / after c (exclusive).
+template <class T> void combine(const Dims& dm, i64 width, T* S, Scan kind) {
+  i64 nc = dm.chunks();
+  parallel::parallel_for(dm.B, static_cast<double>(dm.B * nc * width), [&](i64 b) {
+    std::vector<double> acc(static_cast<std::size_t>(width), 0.0);
+    T* base = S + b * nc * width;
+    for (i64 j = 0; j < nc; ++j) {
+      i64 c = kind == Scan::suffix ? nc - 1 - j : j;
+      T* s = base + c * width;
+      for (i64 e = 0; e < width; ++e) {
+        double t = s[e];
+        if (kind != Scan::total) s[e] = static_cast<T>(acc[static_cast<std::size_t>(e)]);
+        acc[static_cast<std::size_t>(e)] += t;
+      }
+    }
+    if (kind == Scan::total)
+      for (i64 e = 0; e < width; ++e) base[e] = static_cast<T>(acc[static_cast<std::size_t>(e)]);
+  });
+}
+// Pass 2 of the matvec for one (b, chunk) task.
+template <class T, class UV> struct MatvecTask {
+  const Dims& dm;
+  bool causal;
+  const T *x, *d, *up, *lo;
+  const UV *u, *v;
+  T* y;
+  const T* S;
+};
+template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T, UV>& tk, i64 t) {
+  const Dims& dm = tk.dm;
+  const bool causal = tk.causal;
+  const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo;
+  const UV *u = tk.u, *v = tk.v;
+  T* y = tk.y;
+  const T* S = tk.S;
+  const i64 N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  (void)up;
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* xb = x + b * N * D;
+    T* yb = y + b * N * D;
+    const T* W = S + (b * nc + (causal ? c : 0)) * rD;
+    for (i64 i = i0; i < i1; ++i) {
+      const T* xi = xb + i * D;
+      tri_apply(yb + i * D, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr,
+                i > 0 ? lo[i - 1] : T(0), d[i], !causal && i + 1 < N ? up[i] : T(0), D);
+    }
+    if (r == 0 || D == 0) return;
+    Rows<T, UV> ur(r), vr(r);
+    auto urow = [&](i64 i) { return ur.row(u, i, r); };
+    auto vrow = [&](i64 i) { return vr.row(v, i, r); };
+    if (!causal) {
+      sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, i0, i1, false, vrow, urow);
+      return;
+    }
+    // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j, started from the chunk's exclusive prefix
+    std::vector<T> P(W, W + rD);
+    sweep<Sweep::scan>(P.data(), xb, yb, D, r, i0, i1, false, vrow, urow);
+}
+
+// Pass 2 of the matvec backward for one chunk (all b, in order).
+template <class T, class UV> struct BackwardTask {
+  const Dims& dm;
+  bool causal;
+  const T *x, *d, *up, *lo;
+  const UV *u, *v;
+  const T* dy;
+  const MatvecGrads<T>& g;
+  const T *Sx, *Sg;
+};
+template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T, UV>& tk, i64 c) {
+  const Dims& dm = tk.dm;
+  const bool causal = tk.causal;
+  const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo, *dy = tk.dy, *Sx = tk.Sx, *Sg = tk.Sg;
+  const MatvecGrads<T>& g = tk.g;
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  const i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L), n = i1 - i0;
+  for (i64 i = i0; i < i1; ++i) {
+    if (g.dd) g.dd[i] = T(0);
+    if (i + 1 < N && g.dup) g.dup[i] = T(0);
+    if (i + 1 < N && g.dlo) g.dlo[i] = T(0);
+    for (i64 k = 0; k < r; ++k) {
+      if (g.du) g.du[i * r + k] = T(0);
+      if (g.dv) g.dv[i * r + k] = T(0);
+    }
+  }
+  // U, V rows of this chunk in the compute type (row t = row i0 + t)
+  const T *Uc = nullptr, *Vc = nullptr;
+  std::vector<T> ubuf, vbuf;
+  if constexpr (std::is_same_v<T, UV>) {
+    Uc = tk.u + i0 * r;
+    Vc = tk.v + i0 * r;
+  } else {
+    ubuf.resize(static_cast<std::size_t>(n * r));
+    vbuf.resize(static_cast<std::size_t>(n * r));
+    for (i64 e = 0; e < n * r; ++e) {
+      ubuf[static_cast<std::size_t>(e)] = to_compute(tk.u[i0 * r + e]);
+      vbuf[static_cast<std::size_t>(e)] = to_compute(tk.v[i0 * r + e]);
+    }
+    Uc = ubuf.data();
+    Vc = vbuf.data();
+  }
+  auto urow = [&](i64 t) { return Uc + t * r; };
+  auto vrow = [&](i64 t) { return Vc + t * r; };
+  std::vector<T> M(static_cast<std::size_t>(rD)), Mt(static_cast<std::size_t>(rD));
+  auto transpose_into = [&](const T* W) {  // Mt (D x r) = W^T
+    for (i64 k = 0; k < r; ++k)
+      for (i64 e = 0; e < D; ++e) Mt[static_cast<std::size_t>(e * r + k)] = W[k * D + e];
+  };
+  const bool rank = r > 0 && D > 0;
+  for (i64 b = 0; b < B; ++b) {
+    const T *xb = x + (b * N + i0) * D, *gb = dy + (b * N + i0) * D;
+    T* dxb = g.dx ? g.dx + (b * N + i0) * D : nullptr;
+    auto xrow = [&](i64 t) { return xb + t * D; };
+    auto grow = [&](i64 t) { return gb + t * D; };
+    const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
+    const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
+    for (i64 t = 0; t < n; ++t) {  // the band of T, and T^T dy
+      i64 i = i0 + t;
+      const T *xi = xb + t * D, *gi = gb + t * D;
+      if (g.dd) g.dd[i] += dot(gi, xi, D);
+      if (i + 1 < N) {
+        if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
+        if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
+      }
+      if (dxb)
+        tri_apply(dxb + t * D, gi, !causal && i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
+                  !causal && i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
+    }
+    if (!rank) continue;
+    if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
+      if (dxb) sweep<Sweep::mix>(const_cast<T*>(Wg), static_cast<const T*>(nullptr), dxb, D, r, 0, n, false, vrow, vrow);
+      if (g.du) {
+        transpose_into(Wx);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.du + i0 * r, r, D, 0, n, false, grow, grow);
+      }
+      if (g.dv) {
+        transpose_into(Wg);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.dv + i0 * r, r, D, 0, n, false, xrow, xrow);
+      }
+      continue;
+    }
+    // causal: Q_j = suffix of u_i (x) dy_i (from the later chunks' sum Wg), P_i = prefix of v_j (x) x_j
+    if (dxb) {  // dx_j += v_j . Q_j
+      std::copy(Wg, Wg + rD, M.begin());
+      sweep<Sweep::scan>(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow);
+    }
+    if (g.du) {  // du_i = P_i dy_i, with P^T (D x r) updated by x_i[c] v_i
+      transpose_into(Wx);
+      sweep<Sweep::scan>(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow);
+    }
+    if (g.dv) {  // dv_j = Q_j x_j, with Q^T updated by dy_j[c] u_j
+      transpose_into(Wg);
+      sweep<Sweep::scan>(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow);
+    }
+  }
+}
+
+// run(task, i): the generic task, or its target_clones version for f32.
+template <class T, class UV> void run(const SumsTask<T, UV>& k, i64 t) { chunk_sums_task(k, t); }
+template <class T, class UV> void run(const MatvecTask<T, UV>& k, i64 t) { matvec_task(k, t); }
+template <class T, class UV> void run(const BackwardTask<T, UV>& k, i64 t) { matvec_backward_task(k, t); }
+#define AD_SEMISEP_CLONE(UV)                                                                        \
+  AD_SIMD_CLONES void run(const SumsTask<float, UV>& k, i64 t) { chunk_sums_task(k, t); }         \
+  AD_SIMD_CLONES void run(const MatvecTask<float, UV>& k, i64 t) { matvec_task(k, t); }           \
+  AD_SIMD_CLONES void run(const BackwardTask<float, UV>& k, i64 t) { matvec_backward_task(k, t); }
+AD_SEMISEP_CLONE(float)
+AD_SEMISEP_CLONE(Bf16)
+AD_SEMISEP_CLONE(F16)
+#undef AD_SEMISEP_CLONE
+
+template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
+  SumsTask<T, UV> task{dm, x, v, S};
+  parallel::parallel_for(dm.B * dm.chunks(), 2.0 * static_cast<double>(dm.B * dm.N * dm.r * dm.D),
+                         [&](i64 t) { run(task, t); });
+}
+}  // namespace
+
+std::int64_t chunk_rows(i64 N, i64 D, i64 requested) {
+  if (requested > 0) return requested;
+  i64 L = std::max<i64>(256, 16384 / std::max<i64>(1, D));
+  return std::max<i64>(1, std::min(L, N));
+}
+
+// ---- semiseparable_matvec ----
+std::size_t matvec_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+// Pass 1: chunk sums of v (x) x; combine (total, or exclusive prefix when
+// causal). Pass 2 per (b, chunk): y_i = T x + u_i . W (W = V^T x), or
+// causal y_i = lo x_{i-1} + d x_i + u_i . (S_<c + P_i), P_i = sum_{c0<=j<=i} v_j (x) x_j.
+template <class T, class UV>
+void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u, const UV* v,
+            T* y, void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S};
+  if (!causal || r == 0 || D == 0) {
+    if (r > 0 && D > 0) {
+      chunk_sums(dm, x, v, S);
+      combine(dm, rD, S, Scan::total);
+    }
+    parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) { run(task, t); });
+    return;
+  }
+  // Causal: groups of G chunks (about 4 MiB of x): chunk sums, exclusive
+  // prefix carried across groups (in double, in chunk order: the same values
+  // as one global scan), then pass 2 while the group's x is still in cache.
+  // x is read from memory once.
+  const i64 G = std::max<i64>(1, (i64{4} << 20) / std::max<i64>(1, dm.L * D * static_cast<i64>(sizeof(T))));
+  SumsTask<T, UV> sums{dm, x, v, S};
+  std::vector<double> carry(static_cast<std::size_t>(B * rD), 0.0);
+  for (i64 g0 = 0; g0 < nc; g0 += G) {
+    const i64 gn = std::min(nc, g0 + G) - g0, rows = std::min(N, (g0 + gn) * dm.L) - g0 * dm.L;
+    auto task_id = [&](i64 t) { return (t / gn) * nc + g0 + t % gn; };  // t over (b, chunk of the group)
+    parallel::parallel_for(B * gn, 2.0 * static_cast<double>(B * rows * rD), [&](i64 t) { run(sums, task_id(t)); });
+    for (i64 b = 0; b < B; ++b) {
+      double* acc = carry.data() + b * rD;
+      for (i64 c = g0; c < g0 + gn; ++c) {
+        T* s = S + (b * nc + c) * rD;
+        for (i64 e = 0; e < rD; ++e) {
+          double t = s[e];
+          s[e] = static_cast<T>(acc[e]);
+          acc[e] += t;
+        }
+      }
+    }
+    parallel::parallel_for(B * gn, static_cast<double>(B * rows * D * (4 * r + 6)), [&](i64 t) { run(task, task_id(t)); });
+  }
+}
+
+std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+// Non-causal, W = V^T x, G = U^T dy: dx = T^T dy + V G, du = dy W^T, dv = x G^T.
+// Causal, P_i = sum_{j<=i} v_j (x) x_j, Q_j = sum_{i>=j} u_i (x) dy_i:
+//   dx_j = d_j dy_j + lo_j dy_{j+1} + v_j . Q_j, du_i = dy_i . P_i, dv_j = x_j . Q_j.
+// Band: dd_i = dy_i . x_i, dup_i = dy_i . x_{i+1}, dlo_i = dy_{i+1} . x_i.
+// Pass 1 forms the chunk sums; pass 2 runs per chunk over all b (the rows of
+// the parameter gradients belong to one task: sums over b in order).
+template <class T, class UV>
+void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
+                     const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  T* Sx = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  T* Sg = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  const bool need_x = g.du && r > 0 && D > 0, need_g = (g.dx || g.dv) && r > 0 && D > 0;
+  if (need_x) {
+    chunk_sums(dm, x, v, Sx);
+    combine(dm, rD, Sx, causal ? Scan::prefix : Scan::total);
+  }
+  if (need_g) {
+    chunk_sums(dm, dy, u, Sg);
+    combine(dm, rD, Sg, causal ? Scan::suffix : Scan::total);
+  }
+  BackwardTask<T, UV> task{dm, causal, x, d, up, lo, u, v, dy, g, Sx, Sg};
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)), [&](i64 c) { run(task, c); });
+}
+
+// ---- semiseparable_solve (Woodbury) ----
+namespace {
+// LU with partial pivoting of the r x r matrix a (row-major, double), in place.
+bool lu_factor(double* a, i64 r, i64* piv) {
+  for (i64 k = 0; k < r; ++k) {
+    i64 p = k;
+    for (i64 i = k + 1; i < r; ++i)
+      if (std::fabs(a[i * r + k]) > std::fabs(a[p * r + k])) p = i;
+    piv[k] = p;
+    if (!(a[p * r + k] != 0.0) || !std::isfinite(a[p * r + k])) return false;
+    if (p != k)
+      for (i64 j = 0; j < r; ++j) std::swap(a[k * r + j], a[p * r + j]);
+    for (i64 i = k + 1; i < r; ++i) {
+      double f = a[i * r + k] / a[k * r + k];
+      a[i * r + k] = f;
+      for (i64 j = k + 1; j < r; ++j) a[i * r + j] -= f * a[k * r + j];
+    }
+  }
+  return true;
+}
+// Solves (LU) s = w for one right-hand side w (length r, stride `st`), in place.
+template <class T> void lu_solve(const double* a, i64 r, const i64* piv, T* w, i64 st, double* tmp) {
+  for (i64 k = 0; k < r; ++k) tmp[k] = static_cast<double>(w[k * st]);
+  for (i64 k = 0; k < r; ++k) std::swap(tmp[k], tmp[piv[k]]);
+  for (i64 i = 0; i < r; ++i)
+    for (i64 j = 0; j < i; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+  for (i64 i = r - 1; i >= 0; --i) {
+    for (i64 j = i + 1; j < r; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+    tmp[i] /= a[i * r + i];
+  }
+  for (i64 k = 0; k < r; ++k) w[k * st] = static_cast<T>(tmp[k]);
+}
+Dims capacitance_dims(const Dims& dm) { return Dims{1, dm.N, dm.r, dm.r, dm.L}; }
+}  // namespace
+
+std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  auto e = static_cast<i64>(elem);
+  Dims dc = capacitance_dims(dm);
+  c.take<char>(static_cast<i64>(tridiag_ws_bytes(dm.N, elem)));
+  c.take<char>(dm.N * dm.r * e);
+  c.take<char>(std::max(dm.B * dm.chunks() * dm.r * dm.D, dc.chunks() * dm.r * dm.r) * e);
+  c.take<double>(dm.r * dm.r + dm.r);
+  c.take<i64>(dm.r);
+  return c.bytes;
+}
+
+template <class T>
+void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                    const T* v, T* y, bool trans, void* ws) {
+  if (trans) { std::swap(up, lo); std::swap(u, v); }
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  const auto e = static_cast<i64>(sizeof(T));
+  Dims dc = capacitance_dims(dm);
+  Carve cv{static_cast<char*>(ws)};
+  void* tws = cv.take<char>(static_cast<i64>(tridiag_ws_bytes(N, sizeof(T))));
+  T* Z = reinterpret_cast<T*>(cv.take<char>(N * r * e));
+  T* S = reinterpret_cast<T*>(cv.take<char>(std::max(B * nc * rD, dc.chunks() * r * r) * e));
+  double* C = cv.take<double>(r * r + r);
+  i64* piv = cv.take<i64>(r);
+  tridiag_solve(op, N, B, D, d, up, lo, x, y, false, tws);  // y = T^-1 x (checks the pivots first)
+  if (r == 0) return;
+  tridiag_solve(op, N, 1, r, d, up, lo, u, Z, false, tws);  // Z = T^-1 U
+  chunk_sums(dc, Z, v, S);                                   // V^T Z
+  combine(dc, r * r, S, Scan::total);
+  for (i64 k = 0; k < r; ++k)
+    for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
+  if (!lu_factor(C, r, piv))
+    kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular: T + U V^T is not "
+                                "invertible",
+                                r));
+  if (D == 0 || B == 0) return;
+  chunk_sums(dm, y, v, S);  // W_b = V^T y_b
+  combine(dm, rD, S, Scan::total);
+  parallel::parallel_for(B, static_cast<double>(B * D * r * r * 2), [&](i64 b) {
+    std::vector<double> tmp(static_cast<std::size_t>(r));
+    T* W = S + b * nc * rD;
+    for (i64 c = 0; c < D; ++c) lu_solve(C, r, piv, W + c, D, tmp.data());  // S_b = C^-1 W_b
+  });
+  parallel::parallel_for(B * nc, static_cast<double>(2 * B * N * rD), [&](i64 t) {
+    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* W = S + b * nc * rD;
+    std::vector<T> nz(static_cast<std::size_t>(r));
+    for (i64 i = i0; i < i1; ++i) {
+      for (i64 k = 0; k < r; ++k) nz[static_cast<std::size_t>(k)] = -Z[i * r + k];
+      mix_acc(y + (b * N + i) * D, nz.data(), W, r, D);  // y -= Z S_b
+    }
+  });
+}
+
+std::size_t woodbury_backward_ws_bytes(const Dims& dm, std::size_t elem) {
+  Carve c;
+  c.take<char>(static_cast<i64>(woodbury_ws_bytes(dm, elem)));
+  c.take<char>(2 * dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+template <class T>
+void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T* up, const T* lo, const T* u,
+                             const T* v, const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, T* du, T* dv,
+                             void* ws) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  Carve cv{static_cast<char*>(ws)};
+  void* sws = cv.take<char>(static_cast<i64>(woodbury_ws_bytes(dm, sizeof(T))));
+  T* A = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
+  T* Bm = A + B * nc * rD;
+  woodbury_solve(op, dm, g, d, up, lo, u, v, lam, true, sws);  // lam = H^-T g
+  if (r > 0 && D > 0) {
+    chunk_sums(dm, y, v, A);  // V^T y_b
+    combine(dm, rD, A, Scan::total);
+    chunk_sums(dm, lam, u, Bm);  // U^T lam_b
+    combine(dm, rD, Bm, Scan::total);
+  }
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (4 * r + 6)), [&](i64 c) {
+    i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    for (i64 i = i0; i < i1; ++i) {
+      dd[i] = T(0);
+      if (i + 1 < N) { dup[i] = T(0); dlo[i] = T(0); }
+      for (i64 k = 0; k < r; ++k) { du[i * r + k] = T(0); dv[i * r + k] = T(0); }
+    }
+    for (i64 b = 0; b < B; ++b) {
+      const T *yb = y + b * N * D, *lb = lam + b * N * D;
+      const T *Ab = A + b * nc * rD, *Bb = Bm + b * nc * rD;
+      for (i64 i = i0; i < i1; ++i) {
+        const T *yi = yb + i * D, *li = lb + i * D;
+        dd[i] -= dot(li, yi, D);
+        if (i + 1 < N) {
+          dup[i] -= dot(li, yi + D, D);
+          dlo[i] -= dot(li + D, yi, D);
+        }
+        if (D == 0) continue;
+        for (i64 k = 0; k < r; ++k) {
+          du[i * r + k] -= dot(li, Ab + k * D, D);
+          dv[i * r + k] -= dot(yi, Bb + k * D, D);
+        }
+      }
+    }
+  });
+}
+
+#define AD_MATVEC_INST(T, UV)                                                                                      \
+  template void matvec<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*, const UV*, T*, \
+                              void*);                                                                              \
+  template void matvec_backward<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*,       \
+                                       const UV*, const T*, const MatvecGrads<T>&, void*);
+AD_MATVEC_INST(float, float)
+AD_MATVEC_INST(float, Bf16)
+AD_MATVEC_INST(float, F16)
+AD_MATVEC_INST(double, double)
+#undef AD_MATVEC_INST
+#define AD_WOODBURY_INST(T)                                                                                        \
+  template void woodbury_solve<T>(const char*, const Dims&, const T*, const T*, const T*, const T*, const T*,      \
+                                  const T*, T*, bool, void*);                                                      \
+  template void woodbury_solve_backward<T>(const char*, const Dims&, const T*, const T*, const T*, const T*,       \
+                                           const T*, const T*, const T*, T*, T*, T*, T*, T*, T*, void*);
+AD_WOODBURY_INST(float)
+AD_WOODBURY_INST(double)
+#undef AD_WOODBURY_INST
+
+}  // namespace ad::semisep

@@ -1,0 +1,92 @@
+#pragma once
+// CPU kernels of the semiseparable and tridiagonal ops: plain functions over
+// raw row-major pointers. Conventions in semiseparable_math.hpp.
+//
+// Sequences of N rows are cut into chunks of L rows (L fixed by the shapes,
+// never by the thread count). Sums over rows (V^T x, prefix and suffix sums)
+// are formed per chunk, then combined over chunks in order (in double), so
+// every result is the same bits for any number of threads.
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/semiseparable_math.hpp"
+
+namespace ad::semisep {
+
+struct Dims {
+  std::int64_t B = 1, N = 0, D = 0, r = 0;  // batch, sequence, columns, rank
+  std::int64_t L = 1;                        // rows per chunk
+  std::int64_t chunks() const { return (N + L - 1) / L; }
+};
+// Rows per chunk: `requested` if > 0, else max(256, 16384 / D) (a chunk of
+// x stays in L2 between the two passes that read it).
+std::int64_t chunk_rows(std::int64_t N, std::int64_t D, std::int64_t requested);
+inline Dims make_dims(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r, std::int64_t requested) {
+  return Dims{B, N, D, r, chunk_rows(N, D, requested)};
+}
+
+// Workspace carving: regions of `n` elements, each rounded up to 64 bytes.
+struct Carve {
+  char* p = nullptr;
+  std::size_t bytes = 0;
+  template <class U> U* take(std::int64_t n) {
+    U* out = p ? reinterpret_cast<U*>(p + bytes) : nullptr;
+    bytes += (static_cast<std::size_t>(n) * sizeof(U) + 63) / 64 * 64;
+    return out;
+  }
+};
+
+// ---- semiseparable_matvec ----  y[b] = H x[b], H = T + U V^T (causal: the
+// lower triangle of H: d, lo and tril(U V^T) including its diagonal).
+// x, y (B, N, D); u, v (N, r) stored as T, or as bf16/f16 with T = float.
+std::size_t matvec_ws_bytes(const Dims& dm, std::size_t elem);
+template <class T, class UV>
+void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u, const UV* v,
+            T* y, void* ws);
+
+// The gradients of semiseparable_matvec for dy = dL/dy; a nullptr output is
+// not formed. dup is all zero when causal (t_upper is unused).
+template <class T> struct MatvecGrads { T *dx = nullptr, *dd = nullptr, *dup = nullptr, *dlo = nullptr, *du = nullptr, *dv = nullptr; };
+std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem);
+template <class T, class UV>
+void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
+                     const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws);
+
+// ---- tridiag_solve ----  y = T^-1 b (trans: T^-T b) for b viewed as
+// (outer, N, inner): every (outer, column) is one system. Thomas algorithm
+// without pivoting; a zero (or non-finite) pivot throws ad::Error naming
+// `op` and the row. y may equal b.
+std::size_t tridiag_ws_bytes(std::int64_t N, std::size_t elem);
+template <class T>
+void tridiag_solve(const char* op, std::int64_t N, std::int64_t outer, std::int64_t inner, const T* d, const T* up,
+                   const T* lo, const T* b, T* y, bool trans, void* ws);
+// For y = T^-1 b and g = dL/dy: lam = T^-T g (= dL/db), dd = -sum lam_i y_i,
+// dup_i = -sum lam_i y_{i+1}, dlo_i = -sum lam_{i+1} y_i (sums over outer and columns).
+template <class T>
+void tridiag_solve_backward(const char* op, std::int64_t N, std::int64_t outer, std::int64_t inner, const T* d,
+                            const T* up, const T* lo, const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, void* ws);
+
+// ---- tridiag_resolvent_diag ----  out[k, i] = ((T - z_k I)^-1)_{ii}, K shifts.
+std::size_t resolvent_ws_bytes(std::int64_t N, std::int64_t K);
+template <class T>
+void resolvent_diag(std::int64_t N, std::int64_t K, const T* d, const T* up, const T* lo, const T* z, T* out, void* ws);
+std::size_t resolvent_backward_ws_bytes(std::int64_t N, std::int64_t K);
+template <class T>
+void resolvent_diag_backward(std::int64_t N, std::int64_t K, const T* d, const T* up, const T* lo, const T* z,
+                             const T* dg, T* dd, T* dup, T* dlo, T* dz, void* ws);
+
+// ---- semiseparable_solve ----  y[b] = H^-1 x[b] by Woodbury:
+// H^-1 = T^-1 - T^-1 U (I + V^T T^-1 U)^-1 V^T T^-1 (trans: with H^T).
+std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem);
+template <class T>
+void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                    const T* v, T* y, bool trans, void* ws);
+// For y = H^-1 x, g = dL/dy: lam = H^-T g, dH = -lam y^T on the band of T
+// and through U, V: du = -lam (y^T V), dv = -y (lam^T U) (summed over b).
+std::size_t woodbury_backward_ws_bytes(const Dims& dm, std::size_t elem);
+template <class T>
+void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T* up, const T* lo, const T* u,
+                             const T* v, const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, T* du, T* dv,
+                             void* ws);
+
+}  // namespace ad::semisep

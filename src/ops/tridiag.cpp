@@ -1,0 +1,163 @@
+// Tridiagonal ops: the solve (Thomas algorithm) and the resolvent diagonal
+// (ratio form of the theta/phi recurrences). Each backward is one node that
+// forms all gradients in one pass into one buffer (handed out with part).
+// Kernels: src/ops/tridiag_cpu.cpp.
+#include "ad/semiseparable.hpp"
+#include "core/graph_impl.hpp"
+#include "core/kernels.hpp"
+#include "ops/semiseparable_cpu.hpp"
+
+namespace ad {
+
+namespace {
+using i64 = std::int64_t;
+
+// t_diag (N), t_upper (N-1), t_lower (N-1): f32/f64, same dtype and device as
+// the other inputs; returns N.
+i64 check_tridiag(const InferArgs& a) {
+  check_float_same(a);
+  if (a[0].shape.rank() != 1 || a[0].shape[0] < 1) fail_shapes(a, "t_diag must be (N) with N >= 1");
+  i64 N = a[0].shape[0];
+  if (a[1].shape != Shape{N - 1} || a[2].shape != Shape{N - 1})
+    fail_shapes(a, fmt::format("t_upper and t_lower must be [{}] (N - 1)", N - 1));
+  return N;
+}
+// b (N), or (..., N, M): the systems run along axis rank-2 (axis 0 for rank 1).
+struct Split { i64 outer, inner; };
+Split split_b(const Shape& b) {
+  if (b.rank() == 1) return {1, 1};
+  kernels::AxisSplit s = kernels::split_at(b, b.rank() - 2);
+  return {s.outer, s.inner};
+}
+i64 b_len(const Shape& b) { return b.rank() == 1 ? b[0] : b[b.rank() - 2]; }
+}  // namespace
+
+// ---- tridiag_solve ----  (t_diag, t_upper, t_lower, b) -> y = T^-1 b, b (N) or (..., N, M);
+// saves t_* and the output
+Meta infer_tridiag_solve(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  if (a[3].shape.rank() < 1 || b_len(a[3].shape) != N)
+    fail_shapes(a, fmt::format("b must be (N) or (..., N, M) with N = {}", N));
+  return a[3];
+}
+void tridiag_solve_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0];
+  Split s = split_b(k[3].shape());
+  kernels::dispatch_float(k.out.dtype(), "tridiag_solve", [&](auto t) {
+    using T = decltype(t);
+    semisep::tridiag_solve<T>("tridiag_solve", N, s.outer, s.inner, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
+                              k[3].data<T>(), k.out.data<T>(), false, k.workspace);
+  });
+}
+void tridiag_solve_bwd(BackwardArgs& a) {
+  Var buf = make_node(OpId::tridiag_solve_backward, {a.in[0], a.in[1], a.in[2], a.out, a.dout});
+  i64 N = a.in[0].shape()[0], nb = a.in[3].numel();
+  const i64 off[4] = {nb + 0, nb + N, nb + 2 * N - 1, 0};
+  if (a.needs[3]) a.grad[3] = part(buf, 0, a.in[3].shape());
+  for (std::size_t i = 0; i < 3; ++i)
+    if (a.needs[i]) a.grad[i] = part(buf, off[i], a.in[i].shape());
+}
+const OpDef op_def_tridiag_solve{
+    .name = "tridiag_solve", .args = "t_diag,t_upper,t_lower,b", .arity = 4, .infer = infer_tridiag_solve,
+    .cpu = tridiag_solve_cpu, .backward = tridiag_solve_bwd,
+    .saves = kSavesOutput | saves_input(0) | saves_input(1) | saves_input(2),
+    .flops = [](const InferArgs& a, const Meta& out) { return 5.0 * static_cast<double>(out.shape.numel() + a[0].shape[0]); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(semisep::tridiag_ws_bytes(a[0].shape[0], dtype_size(a[0].dtype)));
+    }};
+Var tridiag_solve(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& b) {
+  return make_node(OpId::tridiag_solve, {t_diag, t_upper, t_lower, b});
+}
+
+// ---- tridiag_solve_backward ----  (t_diag, t_upper, t_lower, y, dy) -> one buffer
+// [db (b's shape), dt_diag (N), dt_upper (N-1), dt_lower (N-1)]: db = T^-T dy, dT = -db y^T on the band
+Meta infer_tridiag_solve_backward(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  if (b_len(a[3].shape) != N || a[4].shape != a[3].shape) fail_shapes(a, "y and dy must be (N) or (..., N, M)");
+  return Meta{Shape{a[3].shape.numel() + 3 * N - 2}, a[0].dtype, a[0].device};
+}
+void tridiag_solve_backward_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], nb = k[3].numel();
+  Split s = split_b(k[3].shape());
+  kernels::dispatch_float(k.out.dtype(), "tridiag_solve_backward", [&](auto t) {
+    using T = decltype(t);
+    T* o = k.out.data<T>();
+    semisep::tridiag_solve_backward<T>("tridiag_solve", N, s.outer, s.inner, k[0].data<T>(), k[1].data<T>(),
+                                       k[2].data<T>(), k[3].data<T>(), k[4].data<T>(), o, o + nb, o + nb + N,
+                                       o + nb + 2 * N - 1, k.workspace);
+  });
+}
+const OpDef op_def_tridiag_solve_backward{
+    .name = "tridiag_solve_backward", .args = "t_diag,t_upper,t_lower,y,dy", .arity = 5,
+    .infer = infer_tridiag_solve_backward, .cpu = tridiag_solve_backward_cpu,
+    .no_grad = "double backward is not supported",
+    .flops = [](const InferArgs& a, const Meta&) { return 11.0 * static_cast<double>(a[3].shape.numel() + a[0].shape[0]); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(semisep::tridiag_ws_bytes(a[0].shape[0], dtype_size(a[0].dtype)));
+    }};
+
+// ---- tridiag_resolvent_diag ----  (t_diag, t_upper, t_lower, z) -> diag((T - z I)^-1):
+// z () -> (N); z (K) -> (K, N). Ratio recurrences in double: no overflow or
+// underflow at any N. Saves the inputs.
+Meta infer_tridiag_resolvent_diag(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  if (a[3].shape.rank() > 1) fail_shapes(a, "z must be a scalar () or a vector (K) of shifts");
+  Shape out = a[3].shape;
+  out.push_back(N);
+  return Meta{out, a[0].dtype, a[0].device};
+}
+void tridiag_resolvent_diag_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = k[3].numel();
+  kernels::dispatch_float(k.out.dtype(), "tridiag_resolvent_diag", [&](auto t) {
+    using T = decltype(t);
+    semisep::resolvent_diag<T>(N, K, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k[3].data<T>(),
+                               k.out.data<T>(), k.workspace);
+  });
+}
+void tridiag_resolvent_diag_bwd(BackwardArgs& a) {
+  Var buf = make_node(OpId::tridiag_resolvent_diag_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.dout});
+  i64 N = a.in[0].shape()[0];
+  const i64 off[4] = {0, N, 2 * N - 1, 3 * N - 2};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (a.needs[i]) a.grad[i] = part(buf, off[i], a.in[i].shape());
+}
+const OpDef op_def_tridiag_resolvent_diag{
+    .name = "tridiag_resolvent_diag", .args = "t_diag,t_upper,t_lower,z", .arity = 4,
+    .infer = infer_tridiag_resolvent_diag, .cpu = tridiag_resolvent_diag_cpu, .backward = tridiag_resolvent_diag_bwd,
+    .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3),
+    .flops = [](const InferArgs&, const Meta& out) { return 10.0 * static_cast<double>(out.shape.numel()); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(semisep::resolvent_ws_bytes(a[0].shape[0], a[3].shape.numel()));
+    }};
+Var tridiag_resolvent_diag(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& z) {
+  return make_node(OpId::tridiag_resolvent_diag, {t_diag, t_upper, t_lower, z});
+}
+
+// ---- tridiag_resolvent_diag_backward ----  (t_diag, t_upper, t_lower, z, dg) -> one buffer
+// [dt_diag (N), dt_upper (N-1), dt_lower (N-1), dz (z's shape)]: reverse mode through the recurrences
+Meta infer_tridiag_resolvent_diag_backward(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  Shape g = a[3].shape;
+  g.push_back(N);
+  if (a[4].shape != g) fail_shapes(a, "dg must have the resolvent's shape");
+  return Meta{Shape{3 * N - 2 + a[3].shape.numel()}, a[0].dtype, a[0].device};
+}
+void tridiag_resolvent_diag_backward_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = k[3].numel();
+  kernels::dispatch_float(k.out.dtype(), "tridiag_resolvent_diag_backward", [&](auto t) {
+    using T = decltype(t);
+    T* o = k.out.data<T>();
+    semisep::resolvent_diag_backward<T>(N, K, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k[3].data<T>(),
+                                        k[4].data<T>(), o, o + N, o + 2 * N - 1, o + 3 * N - 2, k.workspace);
+  });
+}
+const OpDef op_def_tridiag_resolvent_diag_backward{
+    .name = "tridiag_resolvent_diag_backward", .args = "t_diag,t_upper,t_lower,z,dg", .arity = 5,
+    .infer = infer_tridiag_resolvent_diag_backward, .cpu = tridiag_resolvent_diag_backward_cpu,
+    .no_grad = "double backward is not supported",
+    .flops = [](const InferArgs& a, const Meta&) { return 30.0 * static_cast<double>(a[4].shape.numel()); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(semisep::resolvent_backward_ws_bytes(a[0].shape[0], a[3].shape.numel()));
+    }};
+
+}  // namespace ad

@@ -1,0 +1,196 @@
+// CPU kernels: tridiagonal solve (Thomas) and its gradient, the resolvent
+// diagonal through ratio recurrences and its gradient.
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/graph_impl.hpp"
+#include "ops/parallel.hpp"
+#include "ops/semiseparable_cpu.hpp"
+
+namespace ad::semisep {
+
+namespace {
+using i64 = std::int64_t;
+constexpr i64 kColBlock = 256;  // columns per task of a tridiagonal solve
+constexpr i64 kRowBlock = 1024; // rows per task of a band-gradient reduction
+}  // namespace
+
+// ---- tridiag_solve ----
+std::size_t tridiag_ws_bytes(i64 N, std::size_t elem) {
+  Carve c;
+  c.take<char>(N * static_cast<i64>(elem));
+  c.take<char>(N * static_cast<i64>(elem));
+  return c.bytes;
+}
+
+template <class T>
+void tridiag_solve(const char* op, i64 N, i64 outer, i64 inner, const T* d, const T* up, const T* lo, const T* b, T* y,
+                   bool trans, void* ws) {
+  if (trans) std::swap(up, lo);
+  Carve cv{static_cast<char*>(ws)};
+  T* cp = reinterpret_cast<T*>(cv.take<char>(N * static_cast<i64>(sizeof(T))));   // c'_i = up_i / den_i
+  T* den = reinterpret_cast<T*>(cv.take<char>(N * static_cast<i64>(sizeof(T))));  // pivots
+  // forward elimination coefficients: independent of b, formed once
+  T c_prev = T(0);
+  for (i64 i = 0; i < N; ++i) {
+    T p = thomas_pivot(d[i], i ? lo[i - 1] : T(0), c_prev);
+    if (!(p != T(0)) || !std::isfinite(p))
+      kernel_fail(op, fmt::format("zero or non-finite pivot {} at row {} of the tridiagonal system (N = {}): the "
+                                  "matrix is singular or needs pivoting",
+                                  static_cast<double>(p), i, N));
+    den[i] = p;
+    c_prev = i + 1 < N ? up[i] / p : T(0);
+    cp[i] = c_prev;
+  }
+  i64 blocks = (inner + kColBlock - 1) / kColBlock;
+  parallel::parallel_for(outer * blocks, 8.0 * static_cast<double>(outer * N * inner), [&](i64 t) {
+    i64 o = t / blocks, c0 = (t % blocks) * kColBlock, c1 = std::min(inner, c0 + kColBlock);
+    const T* bo = b + o * N * inner;
+    T* yo = y + o * N * inner;
+    for (i64 c = c0; c < c1; ++c) yo[c] = bo[c] / den[0];
+    for (i64 i = 1; i < N; ++i) {
+      const T* bi = bo + i * inner;
+      const T* yp = yo + (i - 1) * inner;
+      T* yi = yo + i * inner;
+      T l = lo[i - 1], p = den[i];
+      for (i64 c = c0; c < c1; ++c) yi[c] = (bi[c] - l * yp[c]) / p;
+    }
+    for (i64 i = N - 2; i >= 0; --i) {
+      T* yi = yo + i * inner;
+      const T* yn = yo + (i + 1) * inner;
+      T q = cp[i];
+      for (i64 c = c0; c < c1; ++c) yi[c] -= q * yn[c];
+    }
+  });
+}
+
+template <class T>
+void tridiag_solve_backward(const char* op, i64 N, i64 outer, i64 inner, const T* d, const T* up, const T* lo,
+                            const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, void* ws) {
+  tridiag_solve(op, N, outer, inner, d, up, lo, g, lam, true, ws);
+  i64 blocks = (N + kRowBlock - 1) / kRowBlock;
+  parallel::parallel_for(blocks, 6.0 * static_cast<double>(outer * N * inner), [&](i64 t) {
+    i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
+    for (i64 i = i0; i < i1; ++i) {
+      double sd = 0, su = 0, sl = 0;
+      for (i64 o = 0; o < outer; ++o) {
+        const T* li = lam + (o * N + i) * inner;
+        const T* yi = y + (o * N + i) * inner;
+        for (i64 c = 0; c < inner; ++c) sd += static_cast<double>(li[c]) * yi[c];
+        if (i + 1 < N) {
+          for (i64 c = 0; c < inner; ++c) su += static_cast<double>(li[c]) * yi[inner + c];
+          for (i64 c = 0; c < inner; ++c) sl += static_cast<double>(li[inner + c]) * yi[c];
+        }
+      }
+      dd[i] = static_cast<T>(-sd);
+      if (i + 1 < N) {
+        dup[i] = static_cast<T>(-su);
+        dlo[i] = static_cast<T>(-sl);
+      }
+    }
+  });
+}
+
+// ---- tridiag_resolvent_diag ----
+std::size_t resolvent_ws_bytes(i64 N, i64 K) {
+  Carve c;
+  c.take<double>(2 * N * K);
+  return c.bytes;
+}
+
+namespace {
+// r_i = theta_i / theta_{i-1}, s_i = phi_i / phi_{i+1} of A = T - zI, in double.
+template <class T> void ratios(i64 N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
+  auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+  r[0] = static_cast<double>(d[0]) - z;
+  for (i64 i = 1; i < N; ++i) r[i] = resolvent_ratio(static_cast<double>(d[i]) - z, e(i - 1), r[i - 1]);
+  s[N - 1] = static_cast<double>(d[N - 1]) - z;
+  for (i64 i = N - 2; i >= 0; --i) s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, e(i), s[i + 1]);
+}
+}  // namespace
+
+template <class T>
+void resolvent_diag(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z, T* out, void* ws) {
+  auto* w = static_cast<double*>(ws);
+  parallel::parallel_for(K, 12.0 * static_cast<double>(N * K), [&](i64 k) {
+    double *r = w + 2 * k * N, *s = r + N;
+    double zk = static_cast<double>(z[k]);
+    ratios(N, d, up, lo, zk, r, s);
+    for (i64 i = 0; i < N; ++i) out[k * N + i] = static_cast<T>(resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk));
+  });
+}
+
+std::size_t resolvent_backward_ws_bytes(i64 N, i64 K) {
+  Carve c;
+  c.take<double>(4 * N * K);
+  return c.bytes;
+}
+
+// G_i = 1/D_i, D_i = r_i + s_i - a_i. Reverse mode through the two ratio
+// recurrences: Dbar_i = -w_i G_i^2; rbar_i = Dbar_i + rbar_{i+1} e_i / r_i^2,
+// sbar_i = Dbar_i + sbar_{i-1} e_{i-1} / s_i^2; abar_i = rbar_i + sbar_i - Dbar_i;
+// ebar_{i-1} -= rbar_i / r_{i-1}, ebar_i -= sbar_i / s_{i+1}; dz = -sum abar.
+template <class T>
+void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z, const T* dg, T* dd,
+                             T* dup, T* dlo, T* dz, void* ws) {
+  auto* w = static_cast<double*>(ws);
+  parallel::parallel_for(K, 30.0 * static_cast<double>(N * K), [&](i64 k) {
+    double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
+    double zk = static_cast<double>(z[k]);
+    ratios(N, d, up, lo, zk, r, s);
+    auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+    auto dbar = [&](i64 i) {
+      double G = resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk);
+      return -static_cast<double>(dg[k * N + i]) * G * G;
+    };
+    for (i64 i = 0; i < N; ++i) { ab[i] = -dbar(i); eb[i] = 0; }
+    double rb = 0;
+    for (i64 i = N - 1; i >= 0; --i) {
+      rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
+      ab[i] += rb;
+      if (i >= 1) eb[i - 1] -= rb / r[i - 1];
+    }
+    double sb = 0;
+    for (i64 i = 0; i < N; ++i) {
+      sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
+      ab[i] += sb;
+      if (i + 1 < N) eb[i] -= sb / s[i + 1];
+    }
+    double sz = 0;
+    for (i64 i = 0; i < N; ++i) sz += ab[i];
+    dz[k] = static_cast<T>(-sz);
+  });
+  // sum over shifts in order
+  i64 blocks = (N + kRowBlock - 1) / kRowBlock;
+  parallel::parallel_for(blocks, static_cast<double>(4 * N * K), [&](i64 t) {
+    i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
+    for (i64 i = i0; i < i1; ++i) {
+      double sa = 0, se = 0;
+      for (i64 k = 0; k < K; ++k) {
+        sa += w[4 * k * N + 2 * N + i];
+        if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
+      }
+      dd[i] = static_cast<T>(sa);
+      if (i + 1 < N) {
+        dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
+        dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+      }
+    }
+  });
+}
+
+#define AD_TRIDIAG_INST(T)                                                                                      \
+  template void tridiag_solve<T>(const char*, i64, i64, i64, const T*, const T*, const T*, const T*, T*, bool, \
+                                 void*);                                                                        \
+  template void tridiag_solve_backward<T>(const char*, i64, i64, i64, const T*, const T*, const T*, const T*,   \
+                                          const T*, T*, T*, T*, T*, void*);                                     \
+  template void resolvent_diag<T>(i64, i64, const T*, const T*, const T*, const T*, T*, void*);               \
+  template void resolvent_diag_backward<T>(i64, i64, const T*, const T*, const T*, const T*, const T*, T*, T*, \
+                                           T*, T*, void*);
+AD_TRIDIAG_INST(float)
+AD_TRIDIAG_INST(double)
+#undef AD_TRIDIAG_INST
+
+}  // namespace ad::semisep

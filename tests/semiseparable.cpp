@@ -1,0 +1,561 @@
+// Semiseparable matrices and tridiagonal systems: every op against a dense
+// reference built explicitly here (f64), forward and all gradients, causal
+// and not; the gradcheck cases (semiseparable_gradcheck_cases); mixed
+// precision; misuse.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+using namespace ad;
+using namespace ad::test;
+
+namespace {
+using i64 = std::int64_t;
+
+struct Sys {
+  i64 B, N, D, r;
+  Tensor x, d, up, lo, u, v;
+};
+// Random H = T + U V^T. diag_shift > 0 makes T diagonally dominant (for solves).
+Sys random_sys(i64 B, i64 N, i64 D, i64 r, Rng& rng, double diag_shift = 0) {
+  Sys s{B, N, D, r, randn64({B, N, D}, rng), randn64({N}, rng, diag_shift), randn64({N - 1}, rng),
+        randn64({N - 1}, rng), randn64({N, r}, rng, 0, 0.5), randn64({N, r}, rng, 0, 0.5)};
+  return s;
+}
+// H (N x N, row-major) built entry by entry.
+std::vector<double> dense_h(const Sys& s, bool causal) {
+  auto d = s.d.to_vector(), up = s.up.to_vector(), lo = s.lo.to_vector(), u = s.u.to_vector(), v = s.v.to_vector();
+  std::vector<double> h(static_cast<std::size_t>(s.N * s.N), 0.0);
+  for (i64 i = 0; i < s.N; ++i)
+    for (i64 j = 0; j < s.N; ++j) {
+      if (causal && j > i) continue;
+      double a = 0;
+      for (i64 k = 0; k < s.r; ++k) a += u[static_cast<std::size_t>(i * s.r + k)] * v[static_cast<std::size_t>(j * s.r + k)];
+      if (i == j) a += d[static_cast<std::size_t>(i)];
+      if (j == i + 1 && !causal) a += up[static_cast<std::size_t>(i)];
+      if (i == j + 1) a += lo[static_cast<std::size_t>(j)];
+      h[static_cast<std::size_t>(i * s.N + j)] = a;
+    }
+  return h;
+}
+// out[b] = op(H) x[b] with op = identity or transpose.
+std::vector<double> apply(const std::vector<double>& h, i64 N, const std::vector<double>& x, i64 B, i64 D, bool trans) {
+  std::vector<double> y(static_cast<std::size_t>(B * N * D), 0.0);
+  for (i64 b = 0; b < B; ++b)
+    for (i64 i = 0; i < N; ++i)
+      for (i64 j = 0; j < N; ++j) {
+        double hij = trans ? h[static_cast<std::size_t>(j * N + i)] : h[static_cast<std::size_t>(i * N + j)];
+        if (hij == 0) continue;
+        for (i64 c = 0; c < D; ++c)
+          y[static_cast<std::size_t>((b * N + i) * D + c)] += hij * x[static_cast<std::size_t>((b * N + j) * D + c)];
+      }
+  return y;
+}
+// Dense LU solve with partial pivoting, in place on M (N x N) and rhs (N x K).
+void dense_solve(std::vector<double> M, i64 N, std::vector<double>& rhs, i64 K) {
+  for (i64 k = 0; k < N; ++k) {
+    i64 p = k;
+    for (i64 i = k + 1; i < N; ++i)
+      if (std::fabs(M[static_cast<std::size_t>(i * N + k)]) > std::fabs(M[static_cast<std::size_t>(p * N + k)])) p = i;
+    for (i64 j = 0; j < N; ++j) std::swap(M[static_cast<std::size_t>(k * N + j)], M[static_cast<std::size_t>(p * N + j)]);
+    for (i64 j = 0; j < K; ++j) std::swap(rhs[static_cast<std::size_t>(k * K + j)], rhs[static_cast<std::size_t>(p * K + j)]);
+    for (i64 i = k + 1; i < N; ++i) {
+      double f = M[static_cast<std::size_t>(i * N + k)] / M[static_cast<std::size_t>(k * N + k)];
+      for (i64 j = k; j < N; ++j) M[static_cast<std::size_t>(i * N + j)] -= f * M[static_cast<std::size_t>(k * N + j)];
+      for (i64 j = 0; j < K; ++j) rhs[static_cast<std::size_t>(i * K + j)] -= f * rhs[static_cast<std::size_t>(k * K + j)];
+    }
+  }
+  for (i64 i = N - 1; i >= 0; --i)
+    for (i64 j = 0; j < K; ++j) {
+      double a = rhs[static_cast<std::size_t>(i * K + j)];
+      for (i64 l = i + 1; l < N; ++l) a -= M[static_cast<std::size_t>(i * N + l)] * rhs[static_cast<std::size_t>(l * K + j)];
+      rhs[static_cast<std::size_t>(i * K + j)] = a / M[static_cast<std::size_t>(i * N + i)];
+    }
+}
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) { num += (a[i] - b[i]) * (a[i] - b[i]); den += b[i] * b[i]; }
+  return a.size() != b.size() ? INFINITY : std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+// The dense gradients of L = sum(w * (H x)) with respect to d, up, lo, u, v, given dH = sum_b w_b x_b^T.
+struct DenseGrads { std::vector<double> dx, dd, dup, dlo, du, dv; };
+DenseGrads dense_grads(const Sys& s, bool causal, const std::vector<double>& w) {
+  DenseGrads g;
+  auto h = dense_h(s, causal);
+  auto x = s.x.to_vector(), u = s.u.to_vector(), v = s.v.to_vector();
+  g.dx = apply(h, s.N, w, s.B, s.D, true);
+  std::vector<double> dH(static_cast<std::size_t>(s.N * s.N), 0.0);
+  for (i64 b = 0; b < s.B; ++b)
+    for (i64 i = 0; i < s.N; ++i)
+      for (i64 j = 0; j < s.N; ++j)
+        for (i64 c = 0; c < s.D; ++c)
+          dH[static_cast<std::size_t>(i * s.N + j)] +=
+              w[static_cast<std::size_t>((b * s.N + i) * s.D + c)] * x[static_cast<std::size_t>((b * s.N + j) * s.D + c)];
+  auto at = [&](i64 i, i64 j) { return (causal && j > i) ? 0.0 : dH[static_cast<std::size_t>(i * s.N + j)]; };
+  for (i64 i = 0; i < s.N; ++i) g.dd.push_back(at(i, i));
+  for (i64 i = 0; i + 1 < s.N; ++i) { g.dup.push_back(at(i, i + 1)); g.dlo.push_back(at(i + 1, i)); }
+  g.du.assign(static_cast<std::size_t>(s.N * s.r), 0.0);
+  g.dv.assign(static_cast<std::size_t>(s.N * s.r), 0.0);
+  for (i64 i = 0; i < s.N; ++i)
+    for (i64 j = 0; j < s.N; ++j)
+      for (i64 k = 0; k < s.r; ++k) {
+        g.du[static_cast<std::size_t>(i * s.r + k)] += at(i, j) * v[static_cast<std::size_t>(j * s.r + k)];
+        g.dv[static_cast<std::size_t>(j * s.r + k)] += at(i, j) * u[static_cast<std::size_t>(i * s.r + k)];
+      }
+  return g;
+}
+// semiseparable_matvec with an explicit chunk length (0 = automatic).
+Var matvec_chunked(const std::vector<Var>& in, bool causal, i64 chunk) {
+  Attrs at;
+  at.causal = causal;
+  at.start = chunk;
+  return make_node(OpId::semiseparable_matvec, {in[0], in[1], in[2], in[3], in[4], in[5]}, at);
+}
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const char* what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  double e = rel_err(got, want);
+  CHECK_MESSAGE(e <= tol, what << ": relative error " << e);
+}
+}  // namespace
+
+TEST_CASE("semiseparable_matvec matches a dense H, forward and all gradients") {
+  Rng rng(71);
+  struct C { i64 B, N, D, r, chunk; };
+  const C cases[] = {{2, 1, 3, 2, 0}, {1, 2, 2, 1, 0}, {3, 7, 4, 3, 0}, {2, 64, 5, 4, 0}, {2, 64, 5, 4, 5},
+                     {1, 300, 3, 6, 0}, {2, 300, 6, 5, 37}, {1, 40, 3, 0, 0},
+                     // D >= 8 and r > 8: the register-blocked sweeps (8 doubles per block, 8 rows of M per block)
+                     {2, 200, 19, 11, 23}, {1, 70, 16, 8, 0}};
+  for (const C& c : cases)
+    for (bool causal : {false, true}) {
+      INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal " << causal);
+      Sys s = random_sys(c.B, c.N, c.D, c.r, rng);
+      PGraph g;
+      std::vector<Var> in{g.input(s.x), g.input(s.d), g.input(s.up), g.input(s.lo), g.input(s.u), g.input(s.v)};
+      Var y = matvec_chunked(in, causal, c.chunk);
+      auto h = dense_h(s, causal);
+      check_close(eval(y).to_vector(), apply(h, c.N, s.x.to_vector(), c.B, c.D, false), 1e-13, "y");
+      Tensor w = randn64({c.B, c.N, c.D}, rng);
+      auto gr = grad(sum(mul(y, g.input(w))), in);
+      DenseGrads dg = dense_grads(s, causal, w.to_vector());
+      check_close(eval(gr[0]).to_vector(), dg.dx, 1e-13, "dx");
+      check_close(eval(gr[1]).to_vector(), dg.dd, 1e-13, "dt_diag");
+      if (c.N > 1) {
+        if (causal) {
+          for (double e : eval(gr[2]).to_vector()) CHECK(e == 0.0);
+        } else {
+          check_close(eval(gr[2]).to_vector(), dg.dup, 1e-13, "dt_upper");
+        }
+        check_close(eval(gr[3]).to_vector(), dg.dlo, 1e-13, "dt_lower");
+      }
+      if (c.r > 0) {
+        check_close(eval(gr[4]).to_vector(), dg.du, 1e-13, "du");
+        check_close(eval(gr[5]).to_vector(), dg.dv, 1e-13, "dv");
+      }
+      // one backward node forms all six gradients
+      CHECK(count_op(y, OpId::semiseparable_matvec_backward) == 1);
+    }
+}
+
+TEST_CASE("semiseparable_matvec gradient uses T^T and V U^T: a non-symmetric T") {
+  Rng rng(72);
+  Sys s = random_sys(1, 12, 2, 2, rng);
+  // t_upper and t_lower very different, U != V: H is far from symmetric
+  for (double& e : std::span<double>(s.up.data<double>(), 11)) e += 3.0;
+  for (double& e : std::span<double>(s.lo.data<double>(), 11)) e -= 3.0;
+  PGraph g;
+  Var x = g.input(s.x);
+  Var y = semiseparable_matvec(x, g.input(s.d), g.input(s.up), g.input(s.lo), g.input(s.u), g.input(s.v));
+  Tensor w = randn64({1, 12, 2}, rng);
+  auto dx = eval(grad(sum(mul(y, g.input(w))), {x})[0]).to_vector();
+  auto h = dense_h(s, false);
+  double e_t = rel_err(dx, apply(h, 12, w.to_vector(), 1, 2, true));   // H^T w: right
+  double e_n = rel_err(dx, apply(h, 12, w.to_vector(), 1, 2, false));  // H w: what a symmetric assumption gives
+  CHECK(e_t < 1e-13);
+  CHECK(e_n > 0.1);
+}
+
+TEST_CASE("semiseparable_matvec is deterministic and f32 tracks f64 at N = 4096") {
+  Rng rng(73);
+  Sys s = random_sys(2, 4096, 20, 10, rng);  // f32: one 16-column block + 4 tail columns
+  auto run = [&](DType t, bool causal) {
+    Graph g;
+    Var y = semiseparable_matvec(g.input(s.x.to(t)), g.input(s.d.to(t)), g.input(s.up.to(t)), g.input(s.lo.to(t)),
+                                 g.input(s.u.to(t)), g.input(s.v.to(t)), causal);
+    return eval(y).clone();
+  };
+  for (bool causal : {false, true}) {
+    Tensor a = run(DType::f32, causal), b = run(DType::f32, causal), ref = run(DType::f64, causal);
+    CHECK(bitwise_equal(a, b));
+    double e = rel_err(a.to_vector(), ref.to_vector());
+    CHECK_MESSAGE(e < 1e-5, "f32 vs f64 relative error " << e);
+  }
+}
+
+TEST_CASE("semiseparable_matvec causal at N = 300000 (several cache groups) matches a sequential prefix scan") {
+  Rng rng(70);
+  const i64 B = 2, N = 300000, D = 4, r = 2;
+  Sys s = random_sys(B, N, D, r, rng);
+  Graph g;
+  Tensor y = eval(semiseparable_matvec(g.input(s.x), g.input(s.d), g.input(s.up), g.input(s.lo), g.input(s.u),
+                                       g.input(s.v), true));
+  const double *x = s.x.data<double>(), *d = s.d.data<double>(), *lo = s.lo.data<double>(), *u = s.u.data<double>(),
+               *v = s.v.data<double>(), *py = y.data<double>();
+  double worst = 0;
+  for (i64 b = 0; b < B; ++b) {
+    std::vector<double> P(static_cast<std::size_t>(r * D), 0.0);
+    for (i64 i = 0; i < N; ++i) {
+      const double* xi = x + (b * N + i) * D;
+      for (i64 k = 0; k < r; ++k)
+        for (i64 c = 0; c < D; ++c) P[static_cast<std::size_t>(k * D + c)] += v[i * r + k] * xi[c];
+      for (i64 c = 0; c < D; ++c) {
+        double want = d[i] * xi[c] + (i > 0 ? lo[i - 1] * xi[c - D] : 0.0);
+        for (i64 k = 0; k < r; ++k) want += u[i * r + k] * P[static_cast<std::size_t>(k * D + c)];
+        double got = py[(b * N + i) * D + c];
+        worst = std::max(worst, std::fabs(got - want) / (1.0 + std::fabs(want)));
+      }
+    }
+  }
+  CHECK(worst < 1e-10);
+}
+
+TEST_CASE("semiseparable_matvec mixed precision: bf16/f16 U, V with f32 products") {
+  Rng rng(74);
+  Sys s = random_sys(2, 1000, 18, 6, rng);
+  for (DType low : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(low));
+    for (bool causal : {false, true}) {
+      Graph g;
+      Var x = g.input(s.x.to(DType::f32));
+      Var d = g.input(s.d.to(DType::f32)), up = g.input(s.up.to(DType::f32)), lo = g.input(s.lo.to(DType::f32));
+      Tensor u16 = s.u.to(low), v16 = s.v.to(low);
+      Var u = g.input(u16), v = g.input(v16);
+      Var y = semiseparable_matvec(x, d, up, lo, u, v, causal);
+      // identical bits to the f32 op on the rounded U, V (conversion is exact, same order of operations)
+      Var y32 = semiseparable_matvec(x, d, up, lo, g.input(u16.to(DType::f32)), g.input(v16.to(DType::f32)), causal);
+      CHECK(bitwise_equal(eval(y), eval(y32)));
+      // the error the storage rounding adds, against f64 with exact U, V
+      Graph g64;
+      Var y64 = semiseparable_matvec(g64.input(s.x), g64.input(s.d), g64.input(s.up), g64.input(s.lo),
+                                     g64.input(s.u), g64.input(s.v), causal);
+      double e = rel_err(eval(y).to_vector(), eval(y64).to_vector());
+      double bound = low == DType::bf16 ? 1e-2 : 2e-3;  // unit roundoff 2^-9 / 2^-12, times a small factor
+      CHECK_MESSAGE(e < bound, "relative error " << e);
+      CHECK(e > 1e-6);  // the rounding is really there
+      // gradients come back in the storage dtype
+      Tensor wt = Tensor::randn({2, 1000, 18}, rng);
+      Var u32 = g.input(u16.to(DType::f32)), v32 = g.input(v16.to(DType::f32));
+      auto gr = grad(sum(mul(y, g.input(wt))), {u, v, x});
+      auto gr32 = grad(sum(mul(semiseparable_matvec(x, d, up, lo, u32, v32, causal), g.input(wt))), {u32, v32, x});
+      CHECK(gr[0].dtype() == low);
+      CHECK(gr[1].dtype() == low);
+      // the same gradients as the f32 op on the rounded U, V (then rounded to the storage dtype)
+      CHECK(bitwise_equal(eval(gr[0]), eval(gr32[0]).to(low)));
+      CHECK(bitwise_equal(eval(gr[1]), eval(gr32[1]).to(low)));
+      CHECK(bitwise_equal(eval(gr[2]), eval(gr32[2])));
+    }
+  }
+}
+
+namespace {
+// Dense T (N x N) of a system.
+std::vector<double> dense_t(const Tensor& d, const Tensor& up, const Tensor& lo) {
+  i64 N = d.numel();
+  auto vd = d.to_vector(), vu = up.to_vector(), vl = lo.to_vector();
+  std::vector<double> t(static_cast<std::size_t>(N * N), 0.0);
+  for (i64 i = 0; i < N; ++i) {
+    t[static_cast<std::size_t>(i * N + i)] = vd[static_cast<std::size_t>(i)];
+    if (i + 1 < N) {
+      t[static_cast<std::size_t>(i * N + i + 1)] = vu[static_cast<std::size_t>(i)];
+      t[static_cast<std::size_t>((i + 1) * N + i)] = vl[static_cast<std::size_t>(i)];
+    }
+  }
+  return t;
+}
+std::vector<double> transpose(const std::vector<double>& a, i64 N) {
+  std::vector<double> t(a.size());
+  for (i64 i = 0; i < N; ++i)
+    for (i64 j = 0; j < N; ++j) t[static_cast<std::size_t>(j * N + i)] = a[static_cast<std::size_t>(i * N + j)];
+  return t;
+}
+// X (B, N, D) flat -> per b a column block (N, D) solved with M; returns the flat result.
+std::vector<double> solve_batched(const std::vector<double>& M, i64 N, const std::vector<double>& x, i64 B, i64 D) {
+  std::vector<double> y(x.size());
+  for (i64 b = 0; b < B; ++b) {
+    std::vector<double> rhs(x.begin() + b * N * D, x.begin() + (b + 1) * N * D);
+    dense_solve(M, N, rhs, D);
+    std::copy(rhs.begin(), rhs.end(), y.begin() + b * N * D);
+  }
+  return y;
+}
+// dM = -sum_b lam_b y_b^T (N x N)
+std::vector<double> outer_neg(const std::vector<double>& lam, const std::vector<double>& y, i64 B, i64 N, i64 D) {
+  std::vector<double> m(static_cast<std::size_t>(N * N), 0.0);
+  for (i64 b = 0; b < B; ++b)
+    for (i64 i = 0; i < N; ++i)
+      for (i64 j = 0; j < N; ++j)
+        for (i64 c = 0; c < D; ++c)
+          m[static_cast<std::size_t>(i * N + j)] -=
+              lam[static_cast<std::size_t>((b * N + i) * D + c)] * y[static_cast<std::size_t>((b * N + j) * D + c)];
+  return m;
+}
+void band_of(const std::vector<double>& m, i64 N, std::vector<double>& dd, std::vector<double>& dup,
+             std::vector<double>& dlo) {
+  for (i64 i = 0; i < N; ++i) dd.push_back(m[static_cast<std::size_t>(i * N + i)]);
+  for (i64 i = 0; i + 1 < N; ++i) {
+    dup.push_back(m[static_cast<std::size_t>(i * N + i + 1)]);
+    dlo.push_back(m[static_cast<std::size_t>((i + 1) * N + i)]);
+  }
+}
+}  // namespace
+
+TEST_CASE("tridiag_solve matches a dense solve, forward and gradients") {
+  Rng rng(75);
+  const Shape shapes[] = {{1}, {5}, {64, 3}, {2, 64, 4}, {500, 2}, {3, 2, 7, 1}};
+  for (const Shape& bs : shapes) {
+    INFO("b " << bs.str());
+    i64 N = bs.rank() == 1 ? bs[0] : bs[bs.rank() - 2];
+    i64 M = bs.rank() == 1 ? 1 : bs.back(), B = bs.numel() / (N * M);
+    Tensor d = randn64({N}, rng, 4.0), up = randn64({N - 1}, rng), lo = randn64({N - 1}, rng), b = randn64(bs, rng);
+    PGraph g;
+    std::vector<Var> in{g.input(d), g.input(up), g.input(lo), g.input(b)};
+    Var y = tridiag_solve(in[0], in[1], in[2], in[3]);
+    auto T = dense_t(d, up, lo);
+    auto want = solve_batched(T, N, b.to_vector(), B, M);
+    check_close(eval(y).to_vector(), want, 1e-13, "y");
+    Tensor w = randn64(bs, rng);
+    auto gr = grad(sum(mul(y, g.input(w))), in);
+    auto lam = solve_batched(transpose(T, N), N, w.to_vector(), B, M);
+    std::vector<double> dd, dup, dlo;
+    band_of(outer_neg(lam, want, B, N, M), N, dd, dup, dlo);
+    check_close(eval(gr[3]).to_vector(), lam, 1e-13, "db");
+    check_close(eval(gr[0]).to_vector(), dd, 1e-12, "dt_diag");
+    if (N > 1) {
+      check_close(eval(gr[1]).to_vector(), dup, 1e-12, "dt_upper");
+      check_close(eval(gr[2]).to_vector(), dlo, 1e-12, "dt_lower");
+    }
+    CHECK(count_op(y, OpId::tridiag_solve_backward) == 1);
+  }
+}
+
+TEST_CASE("tridiag_resolvent_diag matches a dense inverse") {
+  Rng rng(76);
+  for (i64 N : {1, 2, 30, 300}) {
+    Tensor d = randn64({N}, rng, 0.0, 2.0), up = randn64({N - 1}, rng), lo = randn64({N - 1}, rng);
+    Tensor z = f64s({0.1, -0.7, 2.5}, {3});
+    Graph g;
+    Var G = tridiag_resolvent_diag(g.input(d), g.input(up), g.input(lo), g.input(z));
+    CHECK(G.shape() == Shape{3, N});
+    auto got = eval(G).to_vector();
+    auto T = dense_t(d, up, lo);
+    for (i64 k = 0; k < 3; ++k) {
+      auto A = T;
+      for (i64 i = 0; i < N; ++i) A[static_cast<std::size_t>(i * N + i)] -= z.to_vector()[static_cast<std::size_t>(k)];
+      std::vector<double> inv(static_cast<std::size_t>(N * N), 0.0);
+      for (i64 i = 0; i < N; ++i) inv[static_cast<std::size_t>(i * N + i)] = 1.0;
+      dense_solve(A, N, inv, N);
+      std::vector<double> want, have(got.begin() + k * N, got.begin() + (k + 1) * N);
+      for (i64 i = 0; i < N; ++i) want.push_back(inv[static_cast<std::size_t>(i * N + i)]);
+      INFO("N " << N << " z " << k);
+      check_close(have, want, 1e-9, "diag");  // non-dominant T: a dense inverse is itself only ~1e-12 accurate
+    }
+    // a scalar z gives (N)
+    Var g1 = tridiag_resolvent_diag(g.input(d), g.input(up), g.input(lo), g.input(f64s({0.1}, {1}).reshape({})));
+    CHECK(g1.shape() == Shape{N});
+    CHECK(max_abs_diff(eval(g1), eval(G).view(0, {N})) == 0.0);
+  }
+}
+
+TEST_CASE("tridiag_resolvent_diag is finite at N = 10^6 where theta_N overflows") {
+  // d_i in [4, 5]: theta_N grows like ~4^N (overflows double past N ~ 512),
+  // yet the ratios stay O(1). G_ii of an interior row depends only on a
+  // neighbourhood (|G_ij| decays like ~4^-|i-j|): compare it with a dense
+  // inverse of a 61-row window.
+  const i64 N = 1000000;
+  Rng rng(77);
+  Tensor d = uniform64({N}, rng, 4.0, 5.0), up = uniform64({N - 1}, rng, -1, 1), lo = uniform64({N - 1}, rng, -1, 1);
+  Graph g;
+  Var G = tridiag_resolvent_diag(g.input(d), g.input(up), g.input(lo), g.input(f64s({0.5}, {1}).reshape({})));
+  Tensor gv = eval(G);
+  CHECK(all_finite(gv));
+  const double* pg = gv.data<double>();
+  for (i64 c : {i64{30}, N / 2, N - 31}) {
+    const i64 W = 30;
+    Tensor wd = d.view(c - W, {2 * W + 1}), wu = up.view(c - W, {2 * W}), wl = lo.view(c - W, {2 * W});
+    auto A = dense_t(wd, wu, wl);
+    for (i64 i = 0; i <= 2 * W; ++i) A[static_cast<std::size_t>(i * (2 * W + 1) + i)] -= 0.5;
+    std::vector<double> e(static_cast<std::size_t>(2 * W + 1), 0.0);
+    e[static_cast<std::size_t>(W)] = 1.0;
+    dense_solve(A, 2 * W + 1, e, 1);
+    CHECK(pg[c] == doctest::Approx(e[static_cast<std::size_t>(W)]).epsilon(1e-12));
+  }
+  // and the gradient is finite too
+  Graph g2;
+  Var dv = g2.input(d);
+  Var G2 = tridiag_resolvent_diag(dv, g2.input(up), g2.input(lo), g2.input(f64s({0.5}, {1}).reshape({})));
+  CHECK(all_finite(eval(grad(sum(G2), {dv})[0])));
+}
+
+TEST_CASE("semiseparable_solve matches a dense solve, forward and gradients") {
+  Rng rng(78);
+  struct C { i64 B, N, D, r, chunk; };
+  const C cases[] = {{2, 1, 3, 1, 0}, {1, 10, 2, 3, 0}, {2, 64, 3, 4, 0}, {2, 300, 4, 5, 37}, {1, 20, 2, 0, 0}};
+  for (const C& c : cases) {
+    INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk);
+    Sys s = random_sys(c.B, c.N, c.D, c.r, rng, 4.0);
+    PGraph g;
+    std::vector<Var> in{g.input(s.x), g.input(s.d), g.input(s.up), g.input(s.lo), g.input(s.u), g.input(s.v)};
+    Attrs at;
+    at.start = c.chunk;
+    Var y = make_node(OpId::semiseparable_solve, {in[0], in[1], in[2], in[3], in[4], in[5]}, at);
+    auto H = dense_h(s, false);
+    auto want = solve_batched(H, c.N, s.x.to_vector(), c.B, c.D);
+    check_close(eval(y).to_vector(), want, 1e-12, "y");
+    Tensor w = randn64({c.B, c.N, c.D}, rng);
+    auto gr = grad(sum(mul(y, g.input(w))), in);
+    auto lam = solve_batched(transpose(H, c.N), c.N, w.to_vector(), c.B, c.D);
+    auto dH = outer_neg(lam, want, c.B, c.N, c.D);
+    std::vector<double> dd, dup, dlo, du(static_cast<std::size_t>(c.N * c.r), 0.0), dv(du.size(), 0.0);
+    band_of(dH, c.N, dd, dup, dlo);
+    auto u = s.u.to_vector(), v = s.v.to_vector();
+    for (i64 i = 0; i < c.N; ++i)
+      for (i64 j = 0; j < c.N; ++j)
+        for (i64 k = 0; k < c.r; ++k) {
+          du[static_cast<std::size_t>(i * c.r + k)] += dH[static_cast<std::size_t>(i * c.N + j)] * v[static_cast<std::size_t>(j * c.r + k)];
+          dv[static_cast<std::size_t>(j * c.r + k)] += dH[static_cast<std::size_t>(i * c.N + j)] * u[static_cast<std::size_t>(i * c.r + k)];
+        }
+    check_close(eval(gr[0]).to_vector(), lam, 1e-12, "dx");
+    check_close(eval(gr[1]).to_vector(), dd, 1e-11, "dt_diag");
+    if (c.N > 1) {
+      check_close(eval(gr[2]).to_vector(), dup, 1e-11, "dt_upper");
+      check_close(eval(gr[3]).to_vector(), dlo, 1e-11, "dt_lower");
+    }
+    if (c.r > 0) {
+      check_close(eval(gr[4]).to_vector(), du, 1e-11, "du");
+      check_close(eval(gr[5]).to_vector(), dv, 1e-11, "dv");
+    }
+    CHECK(count_op(y, OpId::semiseparable_solve_backward) == 1);
+  }
+}
+
+TEST_CASE("semiseparable ops: predicted peak equals measured peak under keep_all and a budget") {
+  Rng rng(79);
+  Sys s = random_sys(2, 500, 4, 3, rng, 4.0);
+  for (int pol = 0; pol < 2; ++pol) {
+    Graph g;
+    Parameter pu(s.u.clone()), pv(s.v.clone()), pd(s.d.clone()), plo(s.lo.clone());
+    Var up = g.input(s.up);
+    Var h = semiseparable_matvec(g.input(s.x), pd, up, plo, pu, pv, true);
+    Var y = semiseparable_solve(tanh(h), pd, up, plo, pu, pv);
+    Var z = tridiag_solve(pd, up, plo, y);
+    Var loss = sum(mul(z, z)) + sum(tridiag_resolvent_diag(pd, up, plo, g.input(f64s({0.2, 0.4}, {2}))));
+    Report r = backward(loss, pol == 0 ? policy::keep_all() : policy::budget(400_KiB));
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+    CHECK(pu.has_grad());
+    CHECK(all_finite(pu.grad()));
+  }
+}
+
+TEST_CASE("semiseparable misuse: shapes, dtypes, singular systems") {
+  Rng rng(80);
+  Graph g;
+  auto in = [&](const Shape& s, DType t = DType::f32) { return g.input(Tensor::randn(s, rng, t)); };
+  Var x = in({2, 5, 3}), d = in({5}), up = in({4}), lo = in({4}), u = in({5, 2}), v = in({5, 2});
+  auto expect = [](auto&& f, std::vector<std::string> needles) {
+    std::string msg;
+    try { f(); } catch (const Error& e) { msg = e.what(); }
+    INFO("message: " << msg);
+    CHECK_FALSE(msg.empty());
+    for (const auto& n : needles) CHECK_MESSAGE(msg.find(n) != std::string::npos, "lacks " << n);
+  };
+  expect([&] { semiseparable_matvec(in({5, 3}), d, up, lo, u, v); }, {"semiseparable_matvec", "x must be (B, N, D)", "x f32[5,3]"});
+  expect([&] { semiseparable_matvec(x, in({4}), up, lo, u, v); }, {"semiseparable_matvec", "t_diag must be [5]", "t_diag f32[4]"});
+  expect([&] { semiseparable_matvec(x, d, in({5}), lo, u, v); }, {"semiseparable_matvec", "t_upper and t_lower", "t_upper f32[5]"});
+  expect([&] { semiseparable_matvec(x, d, up, lo, in({5, 2}), in({5, 3})); }, {"semiseparable_matvec", "u and v", "v f32[5,3]"});
+  expect([&] { semiseparable_matvec(x, d, up, lo, in({4, 2}), in({4, 2})); }, {"semiseparable_matvec", "u f32[4,2]"});
+  expect([&] { semiseparable_matvec(x, d, up, lo, u, in({5, 2}, DType::f64)); }, {"semiseparable_matvec", "dtype mismatch"});
+  expect([&] { semiseparable_matvec(x, in({5}, DType::f64), up, lo, u, v); }, {"semiseparable_matvec", "dtype mismatch", "t_diag f64[5]"});
+  Var xd = in({2, 5, 3}, DType::f64);
+  Var ub = g.input(Tensor::randn({5, 2}, rng).to(DType::bf16));
+  expect([&] { semiseparable_matvec(xd, in({5}, DType::f64), in({4}, DType::f64), in({4}, DType::f64), ub, ub); },
+         {"semiseparable_matvec", "bf16/f16 when x is f32", "u bf16[5,2]"});
+  expect([&] { semiseparable_solve(x, d, up, lo, ub, ub); }, {"semiseparable_solve", "u and v must have x's dtype"});
+  expect([&] { semiseparable_matvec(in({2, 0, 3}), in({0}), in({0}), in({0}), in({0, 1}), in({0, 1})); },
+         {"semiseparable_matvec", "N = x.shape[1] must be >= 1"});
+  expect([&] { semiseparable_solve(x, d, up, in({3}), u, v); }, {"semiseparable_solve", "t_lower f32[3]"});
+  expect([&] { tridiag_solve(d, up, lo, in({4, 2})); }, {"tridiag_solve", "b must be (N) or (..., N, M) with N = 5", "b f32[4,2]"});
+  expect([&] { tridiag_solve(d, in({3}), lo, in({5})); }, {"tridiag_solve", "t_upper f32[3]"});
+  expect([&] { tridiag_solve(d, up, lo, in({5}, DType::f64)); }, {"tridiag_solve", "dtype mismatch"});
+  expect([&] { tridiag_resolvent_diag(d, up, lo, in({2, 2})); }, {"tridiag_resolvent_diag", "z must be", "z f32[2,2]"});
+  // zero pivots, at run time, naming the op and the row
+  auto ones = [](i64 n) { return Tensor::full({n}, 1.0, DType::f64); };
+  {
+    Graph h;  // T = tridiag(1, 1, 1): pivots 1, 0 -> row 1
+    Var y = tridiag_solve(h.input(ones(5)), h.input(ones(4)), h.input(ones(4)), h.input(ones(5)));
+    expect([&] { eval(y); }, {"tridiag_solve", "pivot", "at row 1"});
+    Tensor dz = ones(5);
+    dz.data<double>()[0] = 0;
+    Var y0 = tridiag_solve(h.input(dz), h.input(ones(4)), h.input(ones(4)), h.input(ones(5)));
+    expect([&] { eval(y0); }, {"tridiag_solve", "at row 0"});
+    Var s = semiseparable_solve(h.input(Tensor::full({1, 5, 2}, 1.0, DType::f64)), h.input(ones(5)),
+                                h.input(ones(4)), h.input(ones(4)), h.input(Tensor::full({5, 1}, 0.5, DType::f64)),
+                                h.input(Tensor::full({5, 1}, 0.5, DType::f64)));
+    expect([&] { eval(s); }, {"semiseparable_solve", "at row 1"});
+    // T = I, U = e_0, V = -e_0: I + V^T T^-1 U = 0
+    Tensor eu = Tensor::zeros({5, 1}, DType::f64), ev = Tensor::zeros({5, 1}, DType::f64);
+    eu.data<double>()[0] = 1;
+    ev.data<double>()[0] = -1;
+    Var sc = semiseparable_solve(h.input(Tensor::full({1, 5, 2}, 1.0, DType::f64)), h.input(ones(5)),
+                                 h.input(Tensor::zeros({4}, DType::f64)), h.input(Tensor::zeros({4}, DType::f64)),
+                                 h.input(eu), h.input(ev));
+    expect([&] { eval(sc); }, {"semiseparable_solve", "capacitance", "singular"});
+  }
+}
+
+// ---- gradcheck cases ----
+namespace ad::test {
+void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
+  struct M { i64 B, N, D, r, chunk; bool causal; };
+  const M ms[] = {{2, 5, 3, 2, 0, false}, {1, 6, 2, 3, 0, true}, {2, 1, 2, 1, 0, false},
+                  {1, 9, 2, 2, 4, false}, {2, 9, 1, 2, 4, true}, {1, 6, 9, 9, 0, true}};
+  for (const M& m : ms) {
+    Sys s = random_sys(m.B, m.N, m.D, m.r, rng);
+    bool causal = m.causal;
+    i64 chunk = m.chunk;
+    out.push_back({OpId::semiseparable_matvec,
+                   fmt::format("x[{},{},{}] r {} chunk {}{}", m.B, m.N, m.D, m.r, chunk, causal ? " causal" : ""),
+                   {s.x, s.d, s.up, s.lo, s.u, s.v},
+                   [causal, chunk](const std::vector<Var>& v) { return matvec_chunked(v, causal, chunk); }});
+  }
+  const M ss[] = {{2, 5, 3, 2, 0, false}, {1, 1, 2, 1, 0, false}, {1, 9, 2, 3, 4, false}};
+  for (const M& m : ss) {
+    Sys s = random_sys(m.B, m.N, m.D, m.r, rng, 4.0);
+    i64 chunk = m.chunk;
+    out.push_back({OpId::semiseparable_solve, fmt::format("x[{},{},{}] r {} chunk {}", m.B, m.N, m.D, m.r, chunk),
+                   {s.x, s.d, s.up, s.lo, s.u, s.v}, [chunk](const std::vector<Var>& v) {
+                     Attrs at;
+                     at.start = chunk;
+                     return make_node(OpId::semiseparable_solve, {v[0], v[1], v[2], v[3], v[4], v[5]}, at);
+                   }});
+  }
+  const Shape bs[] = {{6}, {5, 3}, {2, 4, 2}, {1}};
+  for (const Shape& b : bs) {
+    i64 N = b.rank() == 1 ? b[0] : b[b.rank() - 2];
+    out.push_back({OpId::tridiag_solve, "b " + b.str(),
+                   {randn64({N}, rng, 3.0), randn64({N - 1}, rng), randn64({N - 1}, rng), randn64(b, rng)},
+                   [](const std::vector<Var>& v) { return tridiag_solve(v[0], v[1], v[2], v[3]); }});
+  }
+  const std::pair<i64, Shape> rs[] = {{6, Shape{}}, {5, Shape{3}}, {1, Shape{}}, {8, Shape{2}}};
+  for (const auto& [N, zs] : rs) {
+    Tensor z = uniform64(zs, rng, -0.5, 0.5);
+    out.push_back({OpId::tridiag_resolvent_diag, fmt::format("N {} z {}", N, zs.str()),
+                   {randn64({N}, rng, 2.5), randn64({N - 1}, rng, 0, 0.7), randn64({N - 1}, rng, 0, 0.7), z},
+                   [](const std::vector<Var>& v) { return tridiag_resolvent_diag(v[0], v[1], v[2], v[3]); }});
+  }
+}
+}  // namespace ad::test
