@@ -35,9 +35,11 @@ namespace ad {
 Var semicrf_cumulative(const Operand& scores);
 
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
-// pass produces all four gradients). Working memory per sequence of the
-// backward pass is at most 2·√(T·K)·C + K·C values (plus O(C) per checkpoint
-// and per position of an interval); see docs/design.md.
+// pass produces all four gradients). The backward pass's checkpoints, interval
+// buffer and β ring take at most 2·√(T·K)·C + K·C values per sequence in
+// flight; besides them it holds parameter-sized buffers (D transposed, dD
+// partial sums) and O(C) per checkpoint and interval row. All of it is the
+// op's workspace, counted by the graph's allocator; see docs/design.md.
 Var semicrf_logz(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);
 
 // Score (B) of the segmentations `segments` (i64 (B, T), encoding above),

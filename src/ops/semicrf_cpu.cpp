@@ -358,7 +358,7 @@ template <class E> struct FastSeq {
       for (std::int64_t c = lo; c < hi; ++c) { Ao[c] = kNegInf; so[c] = 0; }
       return;
     }
-    for (std::int64_t c = 0; c < X.C; ++c) e[c] = std::exp(row[c] - amax);
+    for (std::int64_t c = 0; c < X.C; ++c) e[c] = exp_win(row[c] - amax);
     for (std::int64_t c = lo; c < hi; ++c) {
       if (X.colmax[c] == kNegInf) { Ao[c] = kNegInf; so[c] = 0; continue; }
       const double* ec = X.eA + c * X.C;
@@ -556,7 +556,7 @@ template <class E> struct FastSeq {
         double gm = kNegInf;
         for (std::int64_t c = 0; c < C; ++c) gm = std::max(gm, gr[c]);
         if (gm != kNegInf)
-          for (std::int64_t c = 0; c < C; ++c) egm[c] = std::exp(gr[c] - gm);
+          for (std::int64_t c = 0; c < C; ++c) egm[c] = exp_win(gr[c] - gm);
         for (std::int64_t cp = lo; cp < hi; ++cp) {
           double beta = kNegInf;
           if (gm != kNegInf && X.rowmax[cp] != kNegInf) {
