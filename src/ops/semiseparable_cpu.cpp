@@ -31,14 +31,6 @@ using i64 = std::int64_t;
 #endif
 #define AD_ALWAYS_INLINE __attribute__((always_inline)) inline
 
-// acc[k, :] += w[k] x[:]  (k < r, D columns)
-template <class T> AD_ALWAYS_INLINE void outer_acc(T* __restrict acc, const T* __restrict w, const T* __restrict x, i64 r, i64 D) {
-  for (i64 k = 0; k < r; ++k) {
-    T wk = w[k];
-    T* a = acc + k * D;
-    for (i64 c = 0; c < D; ++c) a[c] += wk * x[c];
-  }
-}
 // y[:] += sum_k w[k] S[k, :] (sums over k in order). 64-byte blocks of y are
 // held in a register (GCC/Clang vector extension: one zmm, two ymm or four
 // xmm, whatever the clone's ISA has) across the loop over k.
