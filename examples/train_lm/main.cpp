@@ -10,7 +10,7 @@
 //
 //   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
-//            [--kv-heads H] [--layers N] [--lr X] [--mixer attention] [--seed S] [--log-every N]
+//            [--kv-heads H] [--layers N] [--lr X] [--mixer attention|semiseparable] [--seed S] [--log-every N]
 //            [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]
 //            [--stop-at N]
 //
@@ -20,6 +20,8 @@
 // was never interrupted. --trace writes the memory timeline of the first
 // step as Chrome trace-event JSON (open it in Perfetto or chrome://tracing);
 // --dot writes that step's plan as Graphviz (dot -Tsvg plan.dot > plan.svg).
+// --mixer semiseparable replaces attention in every block by a learned causal
+// semiseparable matrix (T + U V^T per position, O(N) in the sequence length).
 // The last line prints a hash of the parameters.
 //
 // policy: keep_all (no recomputation), manual (keep block outputs, marked with
@@ -149,7 +151,7 @@ int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]\n"
                "          [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]\n"
-               "          [--kv-heads H] [--layers N] [--lr X] [--mixer attention] [--seed S] [--log-every N]\n"
+               "          [--kv-heads H] [--layers N] [--lr X] [--mixer attention|semiseparable] [--seed S] [--log-every N]\n"
                "          [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]\n"
                "          [--stop-at N] (stop after step N of --steps, as if interrupted)\n",
                argv0);
@@ -190,7 +192,9 @@ int main(int argc, char** argv) {
   if (o.task != "reverse" && o.task != "sort") return usage(argv[0]);
   if (o.digits < 1 || o.batch < 1 || o.steps < 0) return usage(argv[0]);
   try {
-    if (o.mixer != "attention") throw ad::Error(fmt::format("unknown --mixer '{}' (known: attention)", o.mixer));
+    if (o.mixer == "semiseparable") o.model.block.mixer = ad::nn::Mixer::semiseparable;
+    else if (o.mixer != "attention")
+      throw ad::Error(fmt::format("unknown --mixer '{}' (known: attention, semiseparable)", o.mixer));
     ad::Rng init_rng(o.seed);
     const std::int64_t L = o.digits, T = 2 * L + 2;  // full sequence; the model reads T - 1 tokens
     o.model.vocab = kVocab;

@@ -48,18 +48,33 @@ TransformerBlock::TransformerBlock(std::int64_t dim, Rng& rng, TransformerBlockO
     : ln1(dim), ln2(dim) {
   LinearOptions lin;
   lin.init_stddev = opt.init_stddev;
-  attn = MultiHeadAttention(dim, opt.heads, opt.kv_heads, rng, opt.causal, lin);
+  mixer = opt.mixer;
+  if (mixer == Mixer::attention) {
+    attn = MultiHeadAttention(dim, opt.heads, opt.kv_heads, rng, opt.causal, lin);
+  } else {
+    if (!opt.causal) throw Error("TransformerBlock: the semiseparable mixer is causal only");
+    semiseparable = SemiseparableMixer::make(opt.max_len, dim, opt.mixer_rank, rng);
+  }
   std::int64_t hidden = opt.mlp_hidden > 0 ? opt.mlp_hidden : 4 * dim;
   up = Linear(dim, hidden, rng, lin);
   down = Linear(hidden, dim, rng, lin);
 }
 Var TransformerBlock::operator()(const Var& x) const {
-  Var h = add(x, attn(ln1(x)));
+  Var h = add(x, mixer == Mixer::attention ? attn(ln1(x)) : semiseparable(ln1(x)));
   return add(h, down(gelu(up(ln2(h)))));
 }
 void TransformerBlock::visit(Visitor& v) const {
   v.module("ln1", ln1);
-  v.module("attn", attn);
+  if (mixer == Mixer::attention) {
+    v.module("attn", attn);
+  } else {
+    v.parameter("mix.t_diag", semiseparable.t_diag);
+    v.parameter("mix.t_lower", semiseparable.t_lower);
+    v.parameter("mix.u", semiseparable.u);
+    v.parameter("mix.v", semiseparable.v);
+    v.parameter("mix.w_in", semiseparable.w_in);
+    v.parameter("mix.w_out", semiseparable.w_out);
+  }
   v.module("ln2", ln2);
   v.module("up", up);
   v.module("down", down);
@@ -73,7 +88,9 @@ DecoderLM::DecoderLM(const DecoderLMOptions& o, Rng& rng) : options(o), ln_f(o.d
   emb.init_stddev = o.embed_init_stddev;
   tok = Embedding(o.vocab, o.dim, rng, emb);
   pos = Embedding(o.max_len, o.dim, rng, emb);
-  for (std::int64_t l = 0; l < o.layers; ++l) blocks.push_back(TransformerBlock(o.dim, rng, o.block));
+  TransformerBlockOptions bo = o.block;
+  if (bo.max_len == 0) bo.max_len = o.max_len;
+  for (std::int64_t l = 0; l < o.layers; ++l) blocks.push_back(TransformerBlock(o.dim, rng, bo));
   LinearOptions lin;
   lin.init_stddev = o.block.init_stddev;
   head = Linear(o.dim, o.vocab, rng, lin);

@@ -6,6 +6,7 @@
 
 #include "ad/attention.hpp"
 #include "ad/nn/layers.hpp"
+#include "ad/semiseparable.hpp"
 
 namespace ad::nn {
 
@@ -27,8 +28,16 @@ class MultiHeadAttention : public Module {
   Linear q, k, v, o;
 };
 
+// The block's sequence mixer: causal multi-head attention, or a learned
+// causal semiseparable matrix (ad::SemiseparableMixer: T + U V^T learned per
+// position, rank `mixer_rank`, at most `max_len` positions) — O(N) instead of
+// O(N^2) in the sequence length.
+enum class Mixer : std::uint8_t { attention, semiseparable };
+
 struct TransformerBlockOptions {
   std::int64_t heads = 4, kv_heads = 4, mlp_hidden = 0;  // mlp_hidden 0: 4 * dim
+  Mixer mixer = Mixer::attention;
+  std::int64_t mixer_rank = 8, max_len = 0;  // semiseparable mixer only
   bool causal = true;
   double init_stddev = 0.02;  // projections ~ N(0, s^2) (GPT-2 style), biases 0; 0: U(+-1/sqrt(in))
 };
@@ -42,7 +51,9 @@ class TransformerBlock : public Module {
   void visit(Visitor& v) const override;
 
   LayerNorm ln1, ln2;
-  MultiHeadAttention attn;
+  MultiHeadAttention attn;           // Mixer::attention
+  SemiseparableMixer semiseparable;  // Mixer::semiseparable
+  Mixer mixer = Mixer::attention;
   Linear up, down;
 };
 
