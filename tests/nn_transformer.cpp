@@ -92,3 +92,45 @@ TEST_CASE("nn TransformerBlock is two residual branches and DecoderLM names its 
                        doctest::Contains("exceed max_len 7"), ad::Error);
   CHECK_THROWS_WITH_AS(ad::nn::MultiHeadAttention(10, 3, 1, rng), doctest::Contains("multiple of heads"), ad::Error);
 }
+
+TEST_CASE("nn SemiCRFHead: nll is logZ - gold score, decode gives a valid segmentation, training lowers the nll") {
+  ad::Rng rng(9);
+  ad::nn::SemiCRFHead head(4, 3, 5, rng);
+  const std::int64_t B = 2, T = 12;
+  ad::Tensor feats = ad::Tensor::randn({B, T, 4}, rng);
+  std::vector<std::int64_t> lens = {12, 9};
+  // gold: label at each segment start, -1 elsewhere
+  std::vector<std::int64_t> seg(static_cast<std::size_t>(B * T), -1);
+  for (std::int64_t t : {0, 4, 7}) seg[static_cast<std::size_t>(t)] = t % 3;
+  for (std::int64_t t : {0, 3, 6}) seg[static_cast<std::size_t>(T + t)] = (t + 1) % 3;
+  ad::Tensor L = ad::Tensor::from(std::span<const std::int64_t>(lens), {B});
+  ad::Tensor S = ad::Tensor::from(std::span<const std::int64_t>(seg), {B, T});
+  double first = 0, last = 0;
+  ad::nn::AdamOptions ao;
+  ao.lr = 0.1;
+  ad::nn::Adam opt(head.named_parameters(), ao);
+  for (int step = 0; step < 30; ++step) {
+    ad::Graph g;
+    ad::Var nll = head.nll(g.input(feats), g.input(L), g.input(S));
+    ad::backward(nll);
+    double v = nll.value().item();
+    CHECK(v >= 0);
+    if (step == 0) first = v;
+    last = v;
+    opt.step();
+    opt.zero_grad();
+  }
+  CHECK(last < 0.8 * first);
+  ad::Graph g;
+  ad::Tensor best = ad::eval(head.decode(g.input(feats), g.input(L)));
+  CHECK(best.shape() == ad::Shape{B, T});
+  CHECK(best.at({0, 0}) >= 0);  // a segment starts at position 0
+  ad::Tensor m = ad::eval(head.marginals(g.input(feats), g.input(L)));
+  for (std::int64_t t = 0; t < 9; ++t) {
+    double sum = 0;
+    for (std::int64_t c = 0; c < 3; ++c) sum += m.at({1, t, c});
+    CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+  }
+  auto named = head.named_parameters();
+  CHECK(named.size() == 5);
+}

@@ -117,4 +117,33 @@ void DecoderLM::visit(Visitor& v) const {
   v.module("head", head);
 }
 
+// ---- SemiCRFHead ----
+SemiCRFHead::SemiCRFHead(std::int64_t features, std::int64_t c, std::int64_t k, Rng& rng)
+    : labels(c), max_duration(k) {
+  if (features < 1 || c < 1 || k < 1)
+    throw Error(fmt::format("SemiCRFHead: features {}, labels {}, max_duration {} must be >= 1", features, c, k));
+  emission = Linear(features, c, rng);
+  transitions = Parameter::zeros({c, c}, DType::f32, "transitions");
+  durations = Parameter::zeros({k, c}, DType::f32, "durations");
+  start = Parameter::zeros({c}, DType::f32, "start");
+}
+Var SemiCRFHead::cumulative(const Var& features) const { return semicrf_cumulative(emission(features)); }
+Var SemiCRFHead::nll(const Var& features, const Var& lengths, const Var& segments) const {
+  Var s = cumulative(features);
+  return mean(sub(semicrf_logz(s, transitions, durations, start, lengths),
+                  semicrf_score(s, transitions, durations, start, lengths, segments)));
+}
+Var SemiCRFHead::decode(const Var& features, const Var& lengths) const {
+  return semicrf_viterbi(cumulative(features), transitions, durations, start, lengths);
+}
+Var SemiCRFHead::marginals(const Var& features, const Var& lengths) const {
+  return semicrf_marginals(cumulative(features), transitions, durations, start, lengths);
+}
+void SemiCRFHead::visit(Visitor& v) const {
+  v.module("emission", emission);
+  v.parameter("transitions", transitions);
+  v.parameter("durations", durations);
+  v.parameter("start", start);
+}
+
 }  // namespace ad::nn

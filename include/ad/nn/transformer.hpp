@@ -6,6 +6,7 @@
 
 #include "ad/attention.hpp"
 #include "ad/nn/layers.hpp"
+#include "ad/semicrf.hpp"
 #include "ad/semiseparable.hpp"
 
 namespace ad::nn {
@@ -78,6 +79,31 @@ class DecoderLM : public Module {
   ModuleList<TransformerBlock> blocks;
   LayerNorm ln_f;
   Linear head;
+};
+
+// A semi-Markov CRF output layer: features (B, T, F) -> per-position label
+// scores (B, T, C) through a linear map, then the segment model of
+// ad::semicrf_logz with learned transitions Tr (C, C), duration biases D
+// (K, C) and start scores P (C). Lengths are i64 (B); segments use the
+// encoding of ad::semicrf_score.
+class SemiCRFHead : public Module {
+ public:
+  SemiCRFHead() = default;
+  SemiCRFHead(std::int64_t features, std::int64_t labels, std::int64_t max_duration, Rng& rng);
+  // Mean over the batch of logZ - score(segments) (>= 0): the negative log-likelihood.
+  Var nll(const Var& features, const Var& lengths, const Var& segments) const;
+  // The best segmentation, i64 (B, T).
+  Var decode(const Var& features, const Var& lengths) const;
+  // P(position t in a segment of label c), (B, T, C).
+  Var marginals(const Var& features, const Var& lengths) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t labels = 0, max_duration = 0;
+  Linear emission;
+  Parameter transitions, durations, start;
+
+ private:
+  Var cumulative(const Var& features) const;
 };
 
 }  // namespace ad::nn
