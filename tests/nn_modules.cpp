@@ -2,6 +2,8 @@
 // of nested parameters, seeded initialisation, train/eval, Dropout's stream.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -318,15 +320,7 @@ TEST_CASE("nn nested names, buffers, train and eval reach submodules") {
 
 TEST_CASE("nn module misuse") {
   ad::Rng rng(18);
-  auto has = [](auto&& f, const std::string& needle) {
-    try {
-      f();
-    } catch (const ad::Error& e) {
-      INFO(e.what());
-      return std::string(e.what()).find(needle) != std::string::npos;
-    }
-    return false;
-  };
+  auto has = [](auto&& f, const std::string& needle) { return ad::test::throws_with(f, needle); };
   CHECK(has([&] { nn::Linear(0, 3, rng); }, "Linear: in_features must be positive, got 0"));
   CHECK(has([&] {
     nn::LinearOptions o;

@@ -3,6 +3,8 @@
 // schedule values, state save/restore, misuse.
 #include <doctest/doctest.h>
 
+#include "test_util.hpp"
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -214,15 +216,7 @@ TEST_CASE("nn optim state save and restore continues bit for bit") {
 }
 
 TEST_CASE("nn optim misuse") {
-  auto has = [](auto&& f, const std::string& needle) {
-    try {
-      f();
-    } catch (const ad::Error& e) {
-      INFO(e.what());
-      return std::string(e.what()).find(needle) != std::string::npos;
-    }
-    return false;
-  };
+  auto has = [](auto&& f, const std::string& needle) { return ad::test::throws_with(f, needle); };
   Parameter p = param({1.0, 2.0}), q = param({1.0});
   CHECK(has([&] { nn::SGD({p}, nn::SGDOptions{0.1, 0, 0, 0, true}); }, "SGD: nesterov needs momentum > 0"));
   CHECK(has([&] { nn::SGD({p}, nn::SGDOptions{-1.0}); }, "SGD: lr must be finite and >= 0, got -1"));

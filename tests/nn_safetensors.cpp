@@ -2,6 +2,8 @@
 // every kind of malformed file giving its own ad::Error, atomic saves, and
 // module / optimizer / checkpoint files.
 #include <doctest/doctest.h>
+
+#include "test_util.hpp"
 #include <sys/resource.h>
 
 #include <csignal>
@@ -316,15 +318,7 @@ TEST_CASE("nn safetensors module, optimizer and checkpoint files") {
   CHECK(ad::bitwise_equal(a.dropout.rng_state, b.dropout.rng_state));
 
   // mismatches: named, and nothing changes
-  auto has = [](auto&& f, const std::string& needle) {
-    try {
-      f();
-    } catch (const ad::Error& e) {
-      INFO(e.what());
-      return std::string(e.what()).find(needle) != std::string::npos;
-    }
-    return false;
-  };
+  auto has = [](auto&& f, const std::string& needle) { return ad::test::throws_with(f, needle); };
   ad::Rng r3(43);
   nn::MLP wider({3, 6, 2}, r3, o);
   Tensor before = wider.layers[1].bias.value().clone();

@@ -70,6 +70,18 @@ inline std::size_t count_op(const Var& v, OpId op) {
   return c;
 }
 
+// True when f() throws an ad::Error whose message contains `needle` (the
+// message is shown if the check fails).
+template <class F> bool throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    INFO(e.what());
+    return std::string(e.what()).find(needle) != std::string::npos;
+  }
+  return false;
+}
+
 // ---- gradcheck ----
 inline constexpr double kEps = 1e-6, kAtol = 1e-5, kRtol = 1e-3;
 
