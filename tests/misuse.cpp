@@ -11,32 +11,9 @@
 #include <vector>
 
 #include "ad/ad.hpp"
+#include "test_util.hpp"
 
 namespace {
-
-// Runs f again, catches the ad::Error and checks that its message contains
-// every needle. (CHECK_THROWS_AS in the macro has already checked the type.)
-template <class F> void check_message(F&& f, std::initializer_list<const char*> needles, const char* expr) {
-  std::string msg;
-  try {
-    f();
-  } catch (const ad::Error& e) {
-    msg = e.what();
-  } catch (...) {
-  }
-  INFO("expression: " << std::string(expr));
-  INFO("message: " << msg);
-  for (const char* n : needles) {
-    std::string needle(n);
-    CHECK_MESSAGE(msg.find(needle) != std::string::npos, "message lacks \"" << needle << "\"");
-  }
-}
-
-#define EXPECT_ERROR(expr, ...)                                  \
-  do {                                                           \
-    CHECK_THROWS_AS((void)(expr), ad::Error);                    \
-    check_message([&] { (void)(expr); }, {__VA_ARGS__}, #expr);  \
-  } while (0)
 
 ad::Tensor randn(const ad::Shape& s, ad::DType t = ad::DType::f32, std::uint64_t seed = 1) {
   ad::Rng rng(seed);

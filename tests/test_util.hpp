@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <span>
 #include <string>
@@ -69,6 +70,31 @@ inline std::size_t count_op(const Var& v, OpId op) {
   for (const Node& n : v.graph()->nodes) c += n.op == op;
   return c;
 }
+
+// ---- misuse: the exception type and what its message names ----
+// Runs f again, catches the ad::Error and checks that its message contains
+// every needle. (CHECK_THROWS_AS in the macro has already checked the type.)
+template <class F> void check_message(F&& f, std::initializer_list<const char*> needles, const char* expr) {
+  std::string msg;
+  try {
+    f();
+  } catch (const ad::Error& e) {
+    msg = e.what();
+  } catch (...) {
+  }
+  INFO("expression: " << std::string(expr));
+  INFO("message: " << msg);
+  for (const char* n : needles) {
+    std::string needle(n);
+    CHECK_MESSAGE(msg.find(needle) != std::string::npos, "message lacks \"" << needle << "\"");
+  }
+}
+
+#define EXPECT_ERROR(expr, ...)                                              \
+  do {                                                                       \
+    CHECK_THROWS_AS((void)(expr), ad::Error);                                \
+    ::ad::test::check_message([&] { (void)(expr); }, {__VA_ARGS__}, #expr);  \
+  } while (0)
 
 // True when f() throws an ad::Error whose message contains `needle` (the
 // message is shown if the check fails).

@@ -25,6 +25,17 @@ AD_HD float select(bool c, float a, float b) {
   return f;
 }
 
+AD_HD double select(bool c, double a, double b) {
+  std::uint64_t ua, ub;
+  std::memcpy(&ua, &a, 8);
+  std::memcpy(&ub, &b, 8);
+  std::uint64_t m = 0ull - static_cast<std::uint64_t>(c);
+  std::uint64_t r = (ua & m) | (ub & ~m);
+  double f;
+  std::memcpy(&f, &r, 8);
+  return f;
+}
+
 // e^x in f32, within 2 ulp: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-7
 // Taylor polynomial, 2^n by exponent bits. Overflow gives inf, underflow 0,
 // NaN stays NaN. Plain multiply-adds (no libm calls) so loops vectorise.

@@ -12,32 +12,11 @@
 #include <limits>
 
 #include "ad/hd.hpp"
+#include "core/math.hpp"
 
 namespace ad::semicrf {
 
 inline constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// c ? a : b as a bit mask (no branch; see core/math.hpp for why).
-AD_HD float sel(bool c, float a, float b) {
-  std::uint32_t ua, ub;
-  std::memcpy(&ua, &a, 4);
-  std::memcpy(&ub, &b, 4);
-  std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-  std::uint32_t r = (ua & m) | (ub & ~m);
-  float f;
-  std::memcpy(&f, &r, 4);
-  return f;
-}
-AD_HD double sel(bool c, double a, double b) {
-  std::uint64_t ua, ub;
-  std::memcpy(&ua, &a, 8);
-  std::memcpy(&ub, &b, 8);
-  std::uint64_t m = 0ull - static_cast<std::uint64_t>(c);
-  std::uint64_t r = (ua & m) | (ub & ~m);
-  double f;
-  std::memcpy(&f, &r, 8);
-  return f;
-}
 
 // e^x for the window sums, where x = value - max <= 0 up to rounding.
 // f32: x clamped to [-88, 80]; everything below about -87.3 (and -inf, a
@@ -45,8 +24,8 @@ AD_HD double sel(bool c, double a, double b) {
 // x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
 // (relative error < 2e-7).
 AD_HD float exp_win(float x) {
-  x = sel(x < -88.0f, -88.0f, x);
-  x = sel(x > 80.0f, 80.0f, x);
+  x = math::select(x < -88.0f, -88.0f, x);
+  x = math::select(x > 80.0f, 80.0f, x);
   float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187e-06f;
@@ -67,8 +46,8 @@ AD_HD float exp_win(float x) {
 // (truncation < 2e-16 relative); x < -708 (and -inf) gives exactly 0.
 AD_HD double exp_win(double x) {
   bool zero = x < -708.0;
-  x = sel(zero, -708.0, x);
-  x = sel(x > 700.0, 700.0, x);
+  x = math::select(zero, -708.0, x);
+  x = math::select(x > 700.0, 700.0, x);
   double n = (x * 1.4426950408889634074 + 6755399441055744.0) - 6755399441055744.0;
   double r = x - n * 0.693147180369123816490;  // ln2 split: hi has 32 significant bits
   r = r - n * 1.90821492927058770002e-10;
@@ -89,7 +68,7 @@ AD_HD double exp_win(double x) {
   std::uint64_t b = static_cast<std::uint64_t>(ni + 1023) << 52;
   double s;
   std::memcpy(&s, &b, 8);
-  return sel(zero, 0.0, p * s);
+  return math::select(zero, 0.0, p * s);
 }
 
 // The score of one segment of label c over positions s..s+k-1, without the
