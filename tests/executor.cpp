@@ -297,6 +297,64 @@ TEST_CASE("executor: one backward node feeding several parameters, and a seed th
   }
 }
 
+TEST_CASE("executor: gradients go straight into zeroed or absent gradient buffers, and add otherwise") {
+  // loss = sum(tanh(x W)): dW = x^T (...) is a [64,64] matmul whose only reader is the accumulation
+  ad::Rng rng(21);
+  ad::Parameter w = ad::Parameter::randn({64, 64}, rng, 0.1);
+  ad::Tensor x = randn({8, 64}, 22);
+  const std::int64_t wbytes = 64 * 64 * 4;
+  auto step = [&](ad::Policy pol) {
+    ad::Graph g;
+    Var loss = ad::sum(ad::tanh(ad::matmul(g.input(x), g.param(w))));
+    ad::Report r = ad::backward(loss, pol);
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+    return r;
+  };
+  for (ad::Policy pol : {ad::policy::keep_all(), ad::policy::sqrt_n(), ad::policy::budget(1 << 20)}) {
+    CAPTURE(pol.name());
+    w.state()->grad = ad::Tensor{};
+    ad::Report first = step(pol);  // no gradient yet: it becomes the node's output
+    REQUIRE(w.has_grad());
+    const ad::Tensor once = w.grad().clone();
+    const void* buf = w.grad().raw();
+    ad::Report accumulating = step(pol);  // holds a gradient: computed apart, then added
+    CHECK(first.measured_peak_bytes < wbytes);          // dW never sat in the graph's memory
+    CHECK(accumulating.measured_peak_bytes >= wbytes);  // here it did, before the add
+    CHECK(w.grad().raw() == buf);
+    {
+      auto a = once.to_vector(), b = w.grad().to_vector();
+      for (std::size_t i = 0; i < a.size(); ++i) CHECK(b[i] == 2 * a[i]);
+    }
+    w.zero_grad();
+    ad::Report zeroed = step(pol);  // zeroed: written into the same buffer, no graph bytes for it
+    CHECK(zeroed.measured_peak_bytes == first.measured_peak_bytes);
+    CHECK(w.grad().raw() == buf);
+    CHECK(ad::bitwise_equal(w.grad(), once));
+  }
+  // zero_grad then read: zeros (the fill is lazy); a later backward adds to what was read
+  w.zero_grad();
+  for (double v : w.grad().to_vector()) CHECK(v == 0);
+  ad::Report after_read = step(ad::policy::keep_all());
+  ad::Tensor once = w.grad().clone();
+  // a zeroed gradient that the user changed through grad() before backward is added to, not overwritten
+  w.zero_grad();
+  float* gp = static_cast<float*>(const_cast<void*>(w.grad().raw()));
+  gp[0] = 1000.0f;
+  step(ad::policy::keep_all());
+  CHECK(w.grad().to_vector()[0] == static_cast<double>(1000.0f + static_cast<float>(once.to_vector()[0])));
+  CHECK(after_read.measured_peak_bytes > 0);
+  // the gradient buffer read by the graph itself is never overwritten while it is read
+  w.zero_grad();
+  {
+    ad::Graph g;
+    Var gin = g.input(w.state()->grad);  // stale contents, read as they are
+    Var loss = ad::add(ad::sum(ad::tanh(ad::matmul(g.input(x), g.param(w)))), ad::mul_scalar(ad::sum(gin), 0.0));
+    ad::Report r = ad::backward(loss, ad::policy::keep_all());
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+  }
+  CHECK(ad::bitwise_equal(w.grad(), once));
+}
+
 TEST_CASE("executor: determinism across freshly built graphs (with dropout)") {
   auto step = [](std::uint64_t seed) {
     ad::Rng rng(seed);

@@ -248,7 +248,8 @@ struct Oracle::Impl {
       int v = via[x];
       auto node = id[static_cast<std::size_t>(v)];
       for (Mask f = pre[x]; f; f &= f - 1) s.steps.push_back({ad::Step::Kind::free, id[static_cast<std::size_t>(std::countr_zero(f))]});
-      s.steps.push_back({ad::Step::Kind::compute, node});
+      // a sink's first compute goes straight into its parameter's gradient when the planner would do so
+      s.steps.push_back({ad::Step::Kind::compute, node, done[static_cast<std::size_t>(v)] ? -1 : p.in_place[static_cast<std::size_t>(node)]});
       if (done[static_cast<std::size_t>(v)]) {
         ++s.recomputed_nodes;
         s.recompute_flops += flops[static_cast<std::size_t>(v)];

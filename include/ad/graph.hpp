@@ -47,8 +47,12 @@ class Parameter {
   // Accumulated gradient (same shape and dtype); undefined until the first
   // backward() that reaches this parameter.
   const Tensor& grad() const;
-  bool has_grad() const { return grad().defined(); }
-  // Sets the gradient to zero (keeps its buffer).
+  bool has_grad() const;
+  // Sets the gradient to zero, keeping its buffer. The zeros are written
+  // lazily: the next backward() writes the new gradient straight into the
+  // buffer (no fill and no add), and grad() fills it if read first. So a
+  // Tensor handle to the gradient taken *before* zero_grad() may still show
+  // the old values until then; take it from grad() afterwards.
   void zero_grad() const;
   ParamState* state() const { return s_.get(); }
 

@@ -10,7 +10,10 @@
 namespace ad {
 
 // One step of a schedule over a graph's nodes.
-//   compute: run the node's kernel (its inputs must hold values);
+//   compute: run the node's kernel (its inputs must hold values); with aux =
+//     k >= 0 the node is sinks[k]'s gradient and is written straight into
+//     that parameter's gradient buffer, which holds zeros or does not exist
+//     yet (no graph bytes; the accumulate step that follows adds nothing);
 //   free: drop the node's value;
 //   accumulate: add the node's value into sinks[aux].grad();
 //   compress: store the node's value as DType(aux) (f16/bf16), freeing the original;

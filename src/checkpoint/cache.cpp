@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "checkpoint/planner.hpp"
 #include "core/graph_impl.hpp"
 
 namespace ad {
@@ -44,6 +45,8 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
   for (auto t : targets) k.push_back(static_cast<std::uint64_t>(t));
   k.push_back(~0ull);
   for (const auto& s : sinks) k.push_back(static_cast<std::uint64_t>(s.node));
+  k.push_back(~0ull);  // which gradients are written in place depends on the parameters' state
+  for (char w : planner::writable_sinks(g, sinks)) k.push_back(static_cast<std::uint64_t>(w));
   return k;
 }
 

@@ -1,10 +1,37 @@
 // The planning problem, the schedule builder, and keep-set schedules (the
 // policies keep_all, manual, uniform, sqrt_n and selective are keep sets).
 #include <algorithm>
+#include <unordered_set>
 
 #include "checkpoint/planner.hpp"
 
 namespace ad::planner {
+
+std::vector<char> writable_sinks(const GraphImpl& g, const std::vector<Sink>& sinks) {
+  std::vector<char> w(sinks.size(), 0);
+  bool any = false;
+  for (std::size_t k = 0; k < sinks.size(); ++k) {
+    const Sink& sk = sinks[k];
+    const ParamState* ps = sk.param.state();
+    const Node& nd = g.node(sk.node);
+    if (!ps || nd.value.defined() || op_def(nd.op).view || !ps->grad_writable(nd.meta)) continue;
+    bool once = true;
+    for (std::size_t j = 0; j < sinks.size() && once; ++j)
+      once = j == k || (sinks[j].node != sk.node && sinks[j].param.state() != ps);
+    w[k] = once;
+    any = any || once;
+  }
+  if (!any) return w;
+  // a buffer some value of the graph reads (say, g.input(p.grad())) is not overwritten
+  std::unordered_set<const Storage*> held;
+  for (const Node& n : g.nodes)
+    if (n.value.defined()) held.insert(n.value.storage().get());
+  for (std::size_t k = 0; k < sinks.size(); ++k) {
+    const ParamState* ps = sinks[k].param.state();
+    if (w[k] && ps->grad.defined() && held.count(ps->grad.storage().get())) w[k] = 0;
+  }
+  return w;
+}
 
 Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, const std::vector<Sink>& sk)
     : g(graph), targets(t), sinks(sk) {
@@ -50,6 +77,14 @@ Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, con
     InferArgs a{def, metas, nd.attrs};
     if (def.workspace) ws[u] = std::max<std::int64_t>(0, def.workspace(a, nd.meta));
     flops[u] = def.flops ? def.flops(a, nd.meta) : static_cast<double>(nd.meta.shape.numel());
+  }
+  in_place.assign(n, -1);
+  auto w = writable_sinks(g, sinks);
+  for (std::size_t k = 0; k < sinks.size(); ++k) {
+    auto u = static_cast<std::size_t>(sinks[k].node);
+    if (!w[k] || !needed[u] || target_mask[u] || !consumers[u].empty()) continue;
+    in_place[u] = static_cast<std::int32_t>(k);
+    bytes[u] = 0;
   }
 }
 
@@ -97,7 +132,8 @@ Builder::Builder(const Problem& prob) : p(prob) {
 
 void Builder::compute(std::int32_t id) {
   auto u = static_cast<std::size_t>(id);
-  s.steps.push_back({Step::Kind::compute, id});
+  // the first compute of a sink whose gradient goes straight into its parameter
+  s.steps.push_back({Step::Kind::compute, id, computed_[u] ? -1 : p.in_place[u]});
   if (computed_[u]) {
     ++s.recomputed_nodes;
     s.recompute_flops += p.flops[u];

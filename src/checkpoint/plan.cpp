@@ -248,7 +248,10 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
             throw Error(fmt::format("simulate_peak: {} needs input {} which holds no value (bad schedule)",
                                     name(st.node), name(in)));
         std::int32_t now;
-        if (def.view) {
+        if (st.aux >= 0 && !def.view) {  // written into a parameter's gradient buffer: not the graph's bytes
+          now = static_cast<std::int32_t>(inst.size());
+          inst.push_back({0, 1, false});
+        } else if (def.view) {
           now = holds[static_cast<std::size_t>(nd.inputs[0])];
           ++inst[static_cast<std::size_t>(now)].refs;
         } else {

@@ -11,6 +11,13 @@ namespace ad::planner {
 
 // The problem: compute `targets` and the sinks' nodes (accumulating each into
 // its parameter) from the values present now.
+// Per sink: 1 when its gradient can be computed straight into the
+// parameter's gradient buffer (ParamState::grad_writable, the parameter and
+// the node appear once among the sinks, the node is not a view and holds no
+// value, and no value of the graph shares the buffer). Such a compute step
+// allocates nothing in the graph, so its node costs 0 bytes here.
+std::vector<char> writable_sinks(const GraphImpl& g, const std::vector<Sink>& sinks);
+
 struct Problem {
   const GraphImpl& g;
   std::vector<std::int32_t> targets;
@@ -25,6 +32,10 @@ struct Problem {
   std::vector<double> flops;
   std::vector<std::int32_t> forward;  // needed nodes with id <= boundary, ascending
   std::vector<std::int32_t> order;    // all needed nodes, ascending (the demand order)
+  // Sink index whose parameter gradient a node's first compute writes in
+  // place (-1: none); such nodes have bytes 0. Sinks with consumers among
+  // the needed nodes, and targets, are never written in place.
+  std::vector<std::int32_t> in_place;
 
   Problem(const GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks);
   bool is_target(std::int32_t id) const;

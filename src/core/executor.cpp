@@ -24,6 +24,11 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
     s.grad = v.clone(default_allocator(v.device()));
     return;
   }
+  if (s.grad_zero) {  // zero_grad() ran: overwrite rather than fill and add
+    s.grad.copy_from(v);
+    s.grad_zero = false;
+    return;
+  }
   if (v.is_cuda()) cuda_rt::add_into(s.grad, v);
   else kernels::add_into(s.grad, v);
 }
@@ -61,7 +66,11 @@ class Runner {
         throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
       Node& nd = g_.node(st.node);
       switch (st.kind) {
-        case Step::Kind::compute: compute(st.node); break;
+        case Step::Kind::compute:
+          if (st.aux >= 0 && static_cast<std::size_t>(st.aux) >= s_.sinks.size())
+            throw Error(fmt::format("execute: compute step names sink {} of {}", st.aux, s_.sinks.size()));
+          compute(st.node, st.aux);
+          break;
         case Step::Kind::free:
           if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
           nd.value = Tensor{};
@@ -78,7 +87,10 @@ class Runner {
                                     op_def(nd.op).name, st.node));
           {
             double ts = trace_ ? trace_->now_us() : 0;
-            accumulate_into(s_.sinks[static_cast<std::size_t>(st.aux)], nd.value);
+            const Parameter& sink = s_.sinks[static_cast<std::size_t>(st.aux)];
+            const Tensor& gr = sink.state()->grad;
+            bool written = gr.defined() && gr.storage() == nd.value.storage() && gr.raw() == nd.value.raw();
+            if (!written) accumulate_into(sink, nd.value);  // else the compute step wrote it in place
             if (trace_) span(TraceEvent::Kind::accumulate, st.node, ts, s_.sinks[static_cast<std::size_t>(st.aux)].name());
             if (g_.on_grad_ready) g_.on_grad_ready(s_.sinks[static_cast<std::size_t>(st.aux)]);
           }
@@ -117,9 +129,17 @@ class Runner {
   }
 
  private:
-  void compute(std::int32_t id) {
+  // into >= 0: the node is sinks[into]'s gradient; when that parameter's
+  // gradient is still writable (absent or zeroed) the kernel writes straight
+  // into it, allocating nothing in the graph.
+  void compute(std::int32_t id, std::int32_t into = -1) {
     Node& nd = g_.node(id);
     const OpDef& def = op_def(nd.op);
+    ParamState* dst = nullptr;
+    if (into >= 0 && !def.view) {
+      ParamState* ps = s_.sinks[static_cast<std::size_t>(into)].state();
+      if (ps->grad_writable(nd.meta)) dst = ps;
+    }
     if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));
     const std::size_t guard_mark = protect_.size();
     if (budget_ > 0) protect_.insert(protect_.end(), nd.inputs.begin(), nd.inputs.end());  // in use up the stack
@@ -152,11 +172,15 @@ class Runner {
       for (auto in : nd.inputs) metas_.push_back(&g_.node(in).meta);
       ws_bytes = std::max<std::int64_t>(0, def.workspace(InferArgs{def, metas_, nd.attrs}, nd.meta));
     }
-    if (budget_ > 0) make_room(id, (def.view ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
+    if (budget_ > 0) make_room(id, (def.view || dst ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
     ins_.clear();
     for (auto in : nd.inputs) ins_.push_back(&g_.node(in).value);
     Tensor out;
-    if (!def.view) {
+    if (dst) {
+      out = dst->grad.defined() ? dst->grad
+                                : Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, default_allocator(nd.meta.device));
+      if (g_.poison_outputs) device::memset(nd.meta.device, out.raw(), 0xff, out.nbytes());
+    } else if (!def.view) {
       out = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
       if (g_.poison_outputs) device::memset(nd.meta.device, out.raw(), 0xff, out.nbytes());  // NaN in f32/f64
     }
@@ -165,12 +189,16 @@ class Runner {
     KernelArgs a{ins_, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
     double t0 = 0;
     if (trace_) {
-      if (!def.view) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(nd.meta.nbytes()));
+      if (!def.view && !dst) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(nd.meta.nbytes()));
       if (ws_bytes > 0) event(TraceEvent::Kind::alloc, id, ws_bytes, "workspace");
       mark_live();
       t0 = trace_->now_us();
     }
     kernel(a);
+    if (dst) {
+      dst->grad = out;
+      dst->grad_zero = false;
+    }
     nd.value = std::move(out);
     if (trace_) {
       span(nd.last_run_computes > 0 ? TraceEvent::Kind::recompute : TraceEvent::Kind::compute, id, t0, def.name);

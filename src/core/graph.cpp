@@ -42,10 +42,11 @@ static ParamState& checked(const std::shared_ptr<ParamState>& s) {
 }
 const std::string& Parameter::name() const { return checked(s_).name; }
 Tensor& Parameter::value() const { return checked(s_).value; }
-const Tensor& Parameter::grad() const { return checked(s_).grad; }
+const Tensor& Parameter::grad() const { return checked(s_).grad_now(); }
+bool Parameter::has_grad() const { return checked(s_).grad.defined(); }
 void Parameter::zero_grad() const {
   auto& s = checked(s_);
-  if (s.grad.defined()) s.grad.fill(0.0);
+  if (s.grad.defined()) s.grad_zero = true;  // filled lazily (grad_now), or overwritten by the next backward
 }
 
 // ---- GraphImpl ----

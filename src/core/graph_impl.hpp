@@ -47,7 +47,27 @@ struct Attrs {
 struct ParamState : std::enable_shared_from_this<ParamState> {
   Tensor value;
   Tensor grad;
+  // zero_grad() ran and nothing has touched grad since: its buffer is kept
+  // but its contents are stale and read as zeros. The next backward writes
+  // the gradient straight into the buffer (no fill, no add); anyone else
+  // reads it through grad_now(), which fills it first.
+  bool grad_zero = false;
   std::string name;
+
+  Tensor& grad_now() {
+    if (grad_zero) {
+      grad.fill(0.0);
+      grad_zero = false;
+    }
+    return grad;
+  }
+  // A gradient of meta `m` may be written into grad's buffer (or become the
+  // new grad) instead of being added: grad is absent or known zero.
+  bool grad_writable(const Meta& m) const {
+    if (!(m.shape == value.shape()) || m.dtype != value.dtype() || !(m.device == value.device())) return false;
+    return !grad.defined() ||
+           (grad_zero && grad.shape() == m.shape && grad.dtype() == m.dtype && grad.device() == m.device);
+  }
 };
 
 struct Node {

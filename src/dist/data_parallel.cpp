@@ -110,6 +110,7 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
       std::size_t n = s.value.nbytes();
       if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
       device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
+      s.grad_zero = false;  // overwritten with the mean
       src += n;
     }
   }
@@ -120,7 +121,7 @@ void DataParallel::all_reduce_gradients() {
   for (auto& p : params_) {
     ParamState& s = *p.state();
     if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
-    comm_.all_reduce(s.grad, ReduceOp::mean);
+    comm_.all_reduce(s.grad_now(), ReduceOp::mean);
   }
 }
 
