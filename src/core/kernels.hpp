@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/graph_impl.hpp"
+#include "core/vec.hpp"
 
 namespace ad::kernels {
 
@@ -20,12 +21,12 @@ template <class F> decltype(auto) dispatch_float(DType t, const char* op, F&& f)
 }
 
 // Applies out[i] = f(x[i]) over n elements.
-template <class T, class F> inline void map1(const T* __restrict x, T* __restrict y, std::int64_t n, F f) {
+template <class T, class F> AD_VEC void map1(const T* __restrict x, T* __restrict y, std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 // out[i] = f(a[i], b[i]).
 template <class T, class F>
-inline void map2(const T* __restrict a, const T* __restrict b, T* __restrict y, std::int64_t n, F f) {
+AD_VEC void map2(const T* __restrict a, const T* __restrict b, T* __restrict y, std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
 }
 
@@ -44,7 +45,7 @@ inline void broadcast_strides(const Shape& in, const Shape& out, std::int64_t* s
 // y = f(a, b) with numpy broadcasting of a and b to y's shape. The innermost
 // dim runs as a contiguous loop (stride 1 or 0 for each input) so it vectorises.
 template <class T, class F>
-void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs, T* y, const Shape& ys, F f) {
+AD_VEC void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs, T* y, const Shape& ys, F f) {
   std::int64_t n = ys.numel();
   if (n == 0) return;
   if (as == ys && bs == ys) { map2(a, b, y, n, f); return; }

@@ -6,6 +6,8 @@
 #include <numbers>
 #include <set>
 
+#include "core/vec.hpp"
+
 namespace ad::nn {
 
 // ---- learning-rate schedules ----
@@ -84,7 +86,7 @@ template <class T> double sum_squares(const T* g, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
   return s;
 }
-template <class T> void scale(T* g, std::int64_t n, T c) {
+template <class T> AD_VEC void scale(T* g, std::int64_t n, T c) {
   for (std::int64_t i = 0; i < n; ++i) g[i] *= c;
 }
 }  // namespace
@@ -277,7 +279,7 @@ AdamOptions checked(AdamOptions o, const char* opt) {
 }
 
 template <class T>
-void sgd_update(T* p, const T* g, T* b, std::int64_t n, T lr, T wd, T mu, T damp, bool nesterov, bool first) {
+AD_VEC void sgd_update(T* __restrict p, const T* __restrict g, T* __restrict b, std::int64_t n, T lr, T wd, T mu, T damp, bool nesterov, bool first) {
   for (std::int64_t i = 0; i < n; ++i) {
     T d = g[i] + wd * p[i];
     if (b) {
@@ -290,7 +292,7 @@ void sgd_update(T* p, const T* g, T* b, std::int64_t n, T lr, T wd, T mu, T damp
 
 // m, v updated in place; p = p * decay - step_size * m / (sqrt(v) / sqrt_bc2 + eps)
 template <class T>
-void adam_update(T* p, const T* g, T* m, T* v, std::int64_t n, T b1, T b2, T l2, T decay, T step_size, T sqrt_bc2,
+AD_VEC void adam_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, std::int64_t n, T b1, T b2, T l2, T decay, T step_size, T sqrt_bc2,
                  T eps) {
   for (std::int64_t i = 0; i < n; ++i) {
     T pi = p[i] * decay;

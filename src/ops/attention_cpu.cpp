@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/vec.hpp"
 #include "ops/attention_math.hpp"
 
 namespace ad::attn {
@@ -38,11 +39,7 @@ void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T al
 // x86-64, for AVX2 and for the baseline, and picked at load time. Without
 // -ffp-contract (ISO C++ mode) both do the same IEEE operations in the same
 // order: identical bits whichever runs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define AD_ATTN_CLONES __attribute__((target_clones("avx2", "default"), flatten))
-#else
-#define AD_ATTN_CLONES
-#endif
+#define AD_ATTN_CLONES AD_VEC __attribute__((flatten))
 
 // Row reductions in 16 fixed lanes: vectorisable without reassociating
 // (-ffast-math is not used), and the same order on every run.

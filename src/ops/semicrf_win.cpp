@@ -9,15 +9,11 @@
 #include <cstring>
 #include <limits>
 
+#include "core/vec.hpp"
 #include "ops/semicrf_cpu.hpp"
 #include "ops/semicrf_math.hpp"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(AD_NO_TARGET_CLONES)
-#define AD_SEMICRF_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define AD_SEMICRF_CLONES
-#endif
+#define AD_SEMICRF_CLONES AD_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 
 namespace ad::semicrf::detail {
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/graph_impl.hpp"
+#include "core/vec.hpp"
 #include "ops/parallel.hpp"
 
 namespace ad::semisep {
@@ -20,15 +21,11 @@ namespace {
 using i64 = std::int64_t;
 
 // Hot f32 tasks are compiled for AVX-512, AVX2 and baseline x86-64 and picked
-// at load time (GCC/Clang target_clones; the row helpers are force-inlined
+// at load time (target_clones, core/vec.hpp; the row helpers are force-inlined
 // into each clone). The AVX clones may fuse a*b+c into FMA, so bits can
 // differ between machines of different ISA; on one machine they are fixed
 // (and independent of the thread count).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(AD_NO_TARGET_CLONES)
-#define AD_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define AD_SIMD_CLONES
-#endif
+#define AD_SIMD_CLONES AD_TARGET_CLONES("avx512f", "avx2", "default")
 #define AD_ALWAYS_INLINE __attribute__((always_inline)) inline
 
 // y[:] += sum_k w[k] S[k, :] (sums over k in order). 64-byte blocks of y are
