@@ -5,8 +5,10 @@
 // and f32, plus predicted == measured peak on the device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "ad/ad.hpp"
@@ -114,14 +116,92 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
   CHECK(msg.find("different devices") != std::string::npos);
   CHECK(msg.find("a f32[2,3]") != std::string::npos);
   CHECK(msg.find("b f32[2,3]@cuda:1") != std::string::npos);
+  // indices too: a kernel reads them where it runs
+  Meta x{{5, 3}, DType::f32, Device::cuda(0)}, ids{{4}, DType::i64, Device::cpu()};
+  const Meta* gin[] = {&x, &ids};
+  InferArgs gargs{op_def(OpId::gather), gin, at};
+  msg.clear();
+  try {
+    op_def(OpId::gather).infer(gargs);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("gather: inputs on different devices") != std::string::npos);
+  CHECK(msg.find("index i64[4]") != std::string::npos);
 }
 
 TEST_CASE("cuda: ops without a CUDA kernel say so") {
   if (skip_without_gpu()) return;
+  // every core op has a CUDA kernel; the layer ops (here the semi-Markov CRF) do not yet
+  REQUIRE_MESSAGE(!op_def(OpId::semicrf_logz).cuda, "pick another op without a CUDA kernel for this test");
+  Device dev = Device::cuda(0);
   Graph g;
-  Var x = g.input(Tensor::ones({2, 3}).to(Device::cuda(0)));
-  REQUIRE_MESSAGE(!op_def(OpId::permute).cuda, "pick another op without a CUDA kernel for this test");
-  CHECK_THROWS_WITH_AS(eval(transpose(x, 0, 1)), doctest::Contains("permute: no CUDA kernel"), Error);
+  Rng rng(21);
+  Var S = g.input(Tensor::randn({1, 3, 2}, rng).to(dev)), Tr = g.input(Tensor::randn({2, 2}, rng).to(dev));
+  Var D = g.input(Tensor::randn({1, 2}, rng).to(dev)), P = g.input(Tensor::randn({2}, rng).to(dev));
+  std::vector<std::int64_t> len{2};
+  Var L = g.input(Tensor::from(len, {1}).to(dev));
+  CHECK_THROWS_WITH_AS(eval(semicrf_logz(S, Tr, D, P, L)), doctest::Contains("semicrf_logz: no CUDA kernel"), Error);
+}
+
+TEST_CASE("cuda: dropout draws the same mask as the CPU, bit for bit") {
+  if (skip_without_gpu()) return;
+  Rng rng(31);
+  for (DType t : {DType::f32, DType::f64}) {
+    Tensor x = Tensor::randn({37, 129}, rng, t);  // odd sizes: counters not aligned to Philox blocks of 4
+    for (std::uint64_t offset : {0ull, 3ull, 1000001ull}) {
+      Graph gc, gg;
+      Tensor cpu = eval(dropout(gc.input(x), 0.4, 1234, offset));
+      Tensor gpu = eval(dropout(gg.input(x.to(Device::cuda(0))), 0.4, 1234, offset)).to(Device::cpu());
+      REQUIRE(gpu.nbytes() == cpu.nbytes());
+      CHECK(std::memcmp(gpu.raw(), cpu.raw(), cpu.nbytes()) == 0);
+      auto v = cpu.to_vector();
+      auto kept = std::count_if(v.begin(), v.end(), [](double e) { return e != 0; });
+      CHECK(kept > 0);
+      CHECK(kept < static_cast<long>(v.size()));
+    }
+  }
+}
+
+TEST_CASE("cuda: an index out of range on the GPU is an ad::Error naming the op and the index") {
+  if (skip_without_gpu()) return;
+  Device dev = Device::cuda(0);
+  Rng rng(41);
+  Tensor table = Tensor::randn({5, 3}, rng).to(dev);
+  std::vector<std::int64_t> ids{1, 4, 7, 0, -2};  // position 2 is the first bad one
+  Tensor bad = Tensor::from(ids, {5}).to(dev);
+  {
+    Graph g;
+    CHECK_THROWS_WITH_AS(eval(embedding(g.input(table), g.input(bad))),
+                         doctest::Contains("gather: index 7 at position 2 out of range [0, 5)"), Error);
+  }
+  {
+    Graph g;
+    Attrs at;
+    at.shape = Shape{5, 3};
+    Var dy = g.input(Tensor::randn({5, 3}, rng).to(dev));
+    CHECK_THROWS_WITH_AS(eval(make_node(OpId::gather_backward, {dy, g.input(bad)}, at)),
+                         doctest::Contains("gather_backward: index 7 at position 2 out of range [0, 5)"), Error);
+  }
+  {
+    Graph g;
+    std::vector<std::int64_t> labels{0, 2, 1, 3, 5};  // C = 3: position 3 is the first bad one
+    Var logits = g.input(Tensor::randn({5, 3}, rng).to(dev));
+    CHECK_THROWS_WITH_AS(eval(cross_entropy(logits, g.input(Tensor::from(labels, {5}).to(dev)))),
+                         doctest::Contains("cross_entropy: label 3 at position 3 out of range [0, 3)"), Error);
+  }
+  // the device is still usable afterwards (no sticky error): a good index works
+  {
+    Graph g;
+    std::vector<std::int64_t> good{4, 0, 4};
+    Tensor out = eval(embedding(g.input(table), g.input(Tensor::from(good, {3}).to(dev)))).to(Device::cpu());
+    Tensor ref = table.to(Device::cpu());
+    auto o = out.to_vector(), r = ref.to_vector();
+    for (int j = 0; j < 3; ++j) {
+      CHECK(o[static_cast<std::size_t>(j)] == r[static_cast<std::size_t>(12 + j)]);
+      CHECK(o[static_cast<std::size_t>(3 + j)] == r[static_cast<std::size_t>(j)]);
+    }
+  }
 }
 
 TEST_CASE("cuda: every op with a CUDA kernel matches the CPU, forward and gradients") {

@@ -1,6 +1,7 @@
 // CUDA kernels of the elementwise ops: one grid-stride kernel per shape of
 // access (same-shape unary and binary, broadcasting binary), applying the
-// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too.
+// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too; casts,
+// accumulation, and dropout (ops/random_math.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -88,6 +89,13 @@ template <class T> __global__ void add_into_kernel(T* d, const T* s, std::int64_
     d[i] += s[i];
 }
 
+// dropout: y[i] = f(x[i], i), the mask drawn from Philox as on the CPU
+template <class T> __global__ void dropout_kernel(const T* x, T* y, std::int64_t n, rnd::Dropout<T> f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = f(x[i], i);
+}
+
 }  // namespace
 
 template <class F> void map1(DType t, const void* x, void* y, std::int64_t n, F f) {
@@ -164,6 +172,18 @@ void add_into(DType t, void* dst, const void* src, std::int64_t n) {
   else
     add_into_kernel<<<blocks_for(n), kThreads>>>(static_cast<double*>(dst), static_cast<const double*>(src), n);
   check_launch("add_into");
+}
+
+void dropout(DType t, const void* x, void* y, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float p,
+             double scale) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    dropout_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), n,
+                                                rnd::Dropout<float>{seed, offset, p, static_cast<float>(scale)});
+  else
+    dropout_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), n,
+                                                rnd::Dropout<double>{seed, offset, p, scale});
+  check_launch("dropout");
 }
 
 }  // namespace ad::cuda_k
