@@ -5,27 +5,18 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "ad/error.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/util.cuh"
 
 namespace ad::cuda_k {
 
 namespace {
 
 constexpr int kThreads = 256;
-unsigned blocks_for(std::int64_t n) {
-  std::int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 8 ? (b < 1 ? 1 : b) : 65535 * 8);
-}
-// (check.hpp pulls in fmt, which nvcc cannot compile: errors here are built
-// with std::string.)
-void check_launch(const char* what) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
-}
+unsigned blocks_for(std::int64_t n) { return grid_for(n, kThreads); }
 
 template <class T, class F> __global__ void map1_kernel(const T* x, T* y, std::int64_t n, F f) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;

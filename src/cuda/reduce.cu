@@ -5,10 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <string>
 
-#include "ad/error.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/util.cuh"
 
 namespace ad::cuda_k {
 
@@ -132,11 +131,8 @@ Geom make_geom(const Shape& xs, const Shape& keep) {
   }
   return g;
 }
+// one block per output (the kernels loop over the rest)
 unsigned blocks_for(std::int64_t nout) { return static_cast<unsigned>(nout < 65535L * 16 ? nout : 65535L * 16); }
-void check(const char* what) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
-}
 }  // namespace
 
 void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale) {
@@ -147,7 +143,7 @@ void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void
     reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g, scale);
   else
     reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g, scale);
-  check("reduce_sum");
+  check_launch("reduce_sum");
 }
 
 void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void* y) {
@@ -158,7 +154,7 @@ void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void
     max_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g);
   else
     max_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g);
-  check("max");
+  check_launch("max");
 }
 
 void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* y, const void* dy, void* dx) {
@@ -172,7 +168,7 @@ void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, co
     max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<const double*>(y),
                                                         static_cast<const double*>(dy), static_cast<double*>(dx), nout,
                                                         g);
-  check("max_backward");
+  check_launch("max_backward");
 }
 
 }  // namespace ad::cuda_k
