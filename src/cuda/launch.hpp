@@ -3,13 +3,13 @@
 // pointers and sizes (no CUDA or fmt headers: the op files, compiled by the
 // host compiler, call them from their *_cuda glue). Everything is queued on
 // the current device's default stream.
+#include <cstddef>
 #include <cstdint>
 
 #include "ad/dtype.hpp"
 #include "ad/shape.hpp"
 #include "ops/pointwise.hpp"
 #include "ops/rows.hpp"
-#include "ops/random_math.hpp"
 
 #include <initializer_list>
 

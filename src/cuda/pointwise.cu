@@ -10,6 +10,7 @@
 #include "ad/error.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/util.cuh"
+#include "ops/random_math.hpp"
 
 namespace ad::cuda_k {
 
