@@ -5,8 +5,11 @@
 // and f32, plus predicted == measured peak on the device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <string>
 
 #include "ad/ad.hpp"
@@ -53,7 +56,8 @@ Run run_case(const GradCase& c, Device dev, DType t, std::uint64_t seed) {
   }
   Var out = c.build(vs);
   Rng wr(seed);
-  Var loss = sum(mul(out, g.input(Tensor::randn(out.shape(), wr, t).to(dev))));
+  // weights in the output's dtype: a case may end in a fixed dtype (cast chains end in f64 whatever t is)
+  Var loss = sum(mul(out, g.input(Tensor::randn(out.shape(), wr, out.dtype()).to(dev))));
   auto grads = grad(loss, wrt);
   if (!all_cuda(loss)) {
     r.covered = false;
@@ -68,6 +72,17 @@ Run run_case(const GradCase& c, Device dev, DType t, std::uint64_t seed) {
   r.out = g.impl().node(out.id()).value.to(Device::cpu());
   for (auto& gv : grads) r.grads.push_back(g.impl().node(gv.id()).value.to(Device::cpu()));
   return r;
+}
+// Equal values with equal signs (so +0 vs -0 differs), any NaN equal to any NaN
+// (the GPU may canonicalise NaN payloads in conversions): bitwise otherwise.
+bool same_values(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector(), y = b.to_vector();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
+    if (!(x[i] == y[i]) || std::signbit(x[i]) != std::signbit(y[i])) return false;
+  }
+  return true;
 }
 double max_rel(const Tensor& a, const Tensor& b) {
   auto x = a.to_vector(), y = b.to_vector();
@@ -114,14 +129,92 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
   CHECK(msg.find("different devices") != std::string::npos);
   CHECK(msg.find("a f32[2,3]") != std::string::npos);
   CHECK(msg.find("b f32[2,3]@cuda:1") != std::string::npos);
+  // indices too: a kernel reads them where it runs
+  Meta x{{5, 3}, DType::f32, Device::cuda(0)}, ids{{4}, DType::i64, Device::cpu()};
+  const Meta* gin[] = {&x, &ids};
+  InferArgs gargs{op_def(OpId::gather), gin, at};
+  msg.clear();
+  try {
+    op_def(OpId::gather).infer(gargs);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("gather: inputs on different devices") != std::string::npos);
+  CHECK(msg.find("index i64[4]") != std::string::npos);
 }
 
 TEST_CASE("cuda: ops without a CUDA kernel say so") {
   if (skip_without_gpu()) return;
+  // every core op has a CUDA kernel; the layer ops (here the semi-Markov CRF) do not yet
+  REQUIRE_MESSAGE(!op_def(OpId::semicrf_logz).cuda, "pick another op without a CUDA kernel for this test");
+  Device dev = Device::cuda(0);
   Graph g;
-  Var x = g.input(Tensor::ones({2, 3}).to(Device::cuda(0)));
-  REQUIRE_MESSAGE(!op_def(OpId::permute).cuda, "pick another op without a CUDA kernel for this test");
-  CHECK_THROWS_WITH_AS(eval(transpose(x, 0, 1)), doctest::Contains("permute: no CUDA kernel"), Error);
+  Rng rng(21);
+  Var S = g.input(Tensor::randn({1, 3, 2}, rng).to(dev)), Tr = g.input(Tensor::randn({2, 2}, rng).to(dev));
+  Var D = g.input(Tensor::randn({1, 2}, rng).to(dev)), P = g.input(Tensor::randn({2}, rng).to(dev));
+  std::vector<std::int64_t> len{2};
+  Var L = g.input(Tensor::from(len, {1}).to(dev));
+  CHECK_THROWS_WITH_AS(eval(semicrf_logz(S, Tr, D, P, L)), doctest::Contains("semicrf_logz: no CUDA kernel"), Error);
+}
+
+TEST_CASE("cuda: dropout draws the same mask as the CPU, bit for bit") {
+  if (skip_without_gpu()) return;
+  Rng rng(31);
+  for (DType t : {DType::f32, DType::f64}) {
+    Tensor x = Tensor::randn({37, 129}, rng, t);  // odd sizes: counters not aligned to Philox blocks of 4
+    for (std::uint64_t offset : {0ull, 3ull, 1000001ull}) {
+      Graph gc, gg;
+      Tensor cpu = eval(dropout(gc.input(x), 0.4, 1234, offset));
+      Tensor gpu = eval(dropout(gg.input(x.to(Device::cuda(0))), 0.4, 1234, offset)).to(Device::cpu());
+      REQUIRE(gpu.nbytes() == cpu.nbytes());
+      CHECK(std::memcmp(gpu.raw(), cpu.raw(), cpu.nbytes()) == 0);
+      auto v = cpu.to_vector();
+      auto kept = std::count_if(v.begin(), v.end(), [](double e) { return e != 0; });
+      CHECK(kept > 0);
+      CHECK(kept < static_cast<long>(v.size()));
+    }
+  }
+}
+
+TEST_CASE("cuda: an index out of range on the GPU is an ad::Error naming the op and the index") {
+  if (skip_without_gpu()) return;
+  Device dev = Device::cuda(0);
+  Rng rng(41);
+  Tensor table = Tensor::randn({5, 3}, rng).to(dev);
+  std::vector<std::int64_t> ids{1, 4, 7, 0, -2};  // position 2 is the first bad one
+  Tensor bad = Tensor::from(ids, {5}).to(dev);
+  {
+    Graph g;
+    CHECK_THROWS_WITH_AS(eval(embedding(g.input(table), g.input(bad))),
+                         doctest::Contains("gather: index 7 at position 2 out of range [0, 5)"), Error);
+  }
+  {
+    Graph g;
+    Attrs at;
+    at.shape = Shape{5, 3};
+    Var dy = g.input(Tensor::randn({5, 3}, rng).to(dev));
+    CHECK_THROWS_WITH_AS(eval(make_node(OpId::gather_backward, {dy, g.input(bad)}, at)),
+                         doctest::Contains("gather_backward: index 7 at position 2 out of range [0, 5)"), Error);
+  }
+  {
+    Graph g;
+    std::vector<std::int64_t> labels{0, 2, 1, 3, 5};  // C = 3: position 3 is the first bad one
+    Var logits = g.input(Tensor::randn({5, 3}, rng).to(dev));
+    CHECK_THROWS_WITH_AS(eval(cross_entropy(logits, g.input(Tensor::from(labels, {5}).to(dev)))),
+                         doctest::Contains("cross_entropy: label 3 at position 3 out of range [0, 3)"), Error);
+  }
+  // the device is still usable afterwards (no sticky error): a good index works
+  {
+    Graph g;
+    std::vector<std::int64_t> good{4, 0, 4};
+    Tensor out = eval(embedding(g.input(table), g.input(Tensor::from(good, {3}).to(dev)))).to(Device::cpu());
+    Tensor ref = table.to(Device::cpu());
+    auto o = out.to_vector(), r = ref.to_vector();
+    for (int j = 0; j < 3; ++j) {
+      CHECK(o[static_cast<std::size_t>(j)] == r[static_cast<std::size_t>(12 + j)]);
+      CHECK(o[static_cast<std::size_t>(3 + j)] == r[static_cast<std::size_t>(j)]);
+    }
+  }
 }
 
 TEST_CASE("cuda: every op with a CUDA kernel matches the CPU, forward and gradients") {
@@ -150,6 +243,72 @@ TEST_CASE("cuda: every op with a CUDA kernel matches the CPU, forward and gradie
   MESSAGE(fmt::format("{} case x dtype runs compared with the CPU; {} skipped (an op of their gradient graph has no "
                       "CUDA kernel yet)", compared, uncovered));
   CHECK(compared > 0);
+}
+
+// The gradcheck cases are tiny; these shapes give the kernels' threads several
+// elements, chunks and columns each (gather_backward: > 256 index positions
+// and > 256 columns; max: runs of several elements, ties, -0 and NaN; sums of
+// more partials than threads). Ops whose GPU kernel does the CPU's arithmetic
+// in the CPU's order are compared bit for bit.
+TEST_CASE("cuda: larger shapes match the CPU (bitwise where the order is the CPU's)") {
+  if (skip_without_gpu()) return;
+  Rng rng(51);
+  std::vector<std::int64_t> ids(1000);
+  for (auto& v : ids) v = static_cast<std::int64_t>(rng.reserve(1) * 7919 % 37);  // many repeats of 37 values
+  // ties everywhere (small integers), signed zeros, a NaN row
+  std::vector<double> tv(3 * 700);
+  for (std::size_t i = 0; i < tv.size(); ++i) tv[i] = std::floor(randn64({1}, rng).item() * 2);
+  for (std::size_t i = 0; i < 700; ++i) tv[i] = i % 2 ? 0.0 : -0.0;
+  tv[1400 + 333] = NAN;
+  Tensor ties = Tensor::from(tv, {3, 700});
+  struct Big {
+    GradCase c;
+    bool bitwise;
+  };
+  std::vector<Big> big;
+  auto add = [&](OpId op, std::string label, std::vector<Tensor> in, std::function<Var(const std::vector<Var>&)> f,
+                 bool bitwise) { big.push_back({GradCase{op, std::move(label), std::move(in), std::move(f)}, bitwise}); };
+  add(OpId::gather, "embedding [37,300] ids [1000]", {randn64({37, 300}, rng), index(ids, {1000})},
+      [](const std::vector<Var>& v) { return embedding(v[0], v[1]); }, true);
+  add(OpId::gather, "gather [4,37,3] axis 1 ids [1000]", {randn64({4, 37, 3}, rng), index(ids, {1000})},
+      [](const std::vector<Var>& v) { return gather(v[0], v[1], 1); }, true);
+  add(OpId::max, "max ties [3,700] axis 1", {ties}, [](const std::vector<Var>& v) { return max(v[0], {1}); }, true);
+  add(OpId::max, "max ties [3,700] axis 0", {ties}, [](const std::vector<Var>& v) { return max(v[0], {0}); }, true);
+  add(OpId::max, "max [6,50,40] axes (0, 2)", {randn64({6, 50, 40}, rng)},
+      [](const std::vector<Var>& v) { return max(v[0], {0, 2}, true); }, true);
+  add(OpId::permute, "permute [3,4,5,6] (2,0,3,1)", {randn64({3, 4, 5, 6}, rng)},
+      [](const std::vector<Var>& v) { return permute(v[0], {2, 0, 3, 1}); }, true);
+  add(OpId::concat, "concat [5,70,3] [5,1,3] axis 1", {randn64({5, 70, 3}, rng), randn64({5, 1, 3}, rng)},
+      [](const std::vector<Var>& v) { return slice(concat({v[0], v[1]}, 1), 1, 3, 60); }, true);
+  add(OpId::dropout, "dropout [300,301]", {randn64({300, 301}, rng)},
+      [](const std::vector<Var>& v) { return dropout(v[0], 0.25, 5, 17); }, true);
+  add(OpId::layer_norm, "layer_norm [300,257]", {randn64({300, 257}, rng), randn64({257}, rng), randn64({257}, rng)},
+      [](const std::vector<Var>& v) { return layer_norm(v[0], v[1], v[2]); }, false);
+  add(OpId::rms_norm, "rms_norm [300,257]", {randn64({300, 257}, rng), randn64({257}, rng)},
+      [](const std::vector<Var>& v) { return rms_norm(v[0], v[1]); }, false);
+  std::vector<std::int64_t> labels(700);
+  for (auto& v : labels) v = static_cast<std::int64_t>(rng.reserve(1) * 31 % 11);
+  add(OpId::cross_entropy, "cross_entropy [700,11]", {randn64({700, 11}, rng), index(labels, {700})},
+      [](const std::vector<Var>& v) { return cross_entropy(v[0], v[1]); }, false);
+  add(OpId::mse, "mse [3,5000] sum", {randn64({3, 5000}, rng), randn64({3, 5000}, rng)},
+      [](const std::vector<Var>& v) { return mse(v[0], v[1], Reduction::sum); }, false);
+  for (std::size_t k = 0; k < big.size(); ++k) {
+    const GradCase& c = big[k].c;
+    for (DType t : {DType::f64, DType::f32}) {
+      INFO(fmt::format("{} {}", c.label, dtype_name(t)));
+      Run cpu = run_case(c, Device::cpu(), t, 900 + k), gpu_run = run_case(c, Device::cuda(0), t, 900 + k);
+      REQUIRE(gpu_run.covered);
+      REQUIRE(gpu_run.grads.size() == cpu.grads.size());
+      std::vector<std::pair<Tensor*, Tensor*>> pairs{{&gpu_run.out, &cpu.out}};
+      for (std::size_t i = 0; i < cpu.grads.size(); ++i) pairs.push_back({&gpu_run.grads[i], &cpu.grads[i]});
+      for (auto [g, h] : pairs) {
+        REQUIRE(g->nbytes() == h->nbytes());
+        if (big[k].bitwise) CHECK(same_values(*g, *h));
+        else CHECK(max_rel(*g, *h) <= (t == DType::f64 ? 1e-10 : 1e-5));
+      }
+      CHECK(gpu_run.measured == gpu_run.predicted);
+    }
+  }
 }
 
 TEST_CASE("cuda: a training step on the GPU equals the CPU step") {

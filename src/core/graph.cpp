@@ -221,6 +221,8 @@ void check_float_same(const InferArgs& a) {
 void check_index(const InferArgs& a, std::size_t i) {
   if (a[i].dtype != DType::i64)
     fail_shapes(a, fmt::format("{} must be i64 indices, got {}", arg_name(a.def, i), dtype_name(a[i].dtype)));
+  // a kernel reads the indices where it runs: on input 0's device
+  if (!(a[i].device == a[0].device)) fail_shapes(a, "inputs on different devices");
 }
 std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank) {
   if (axis < -rank || axis >= rank)

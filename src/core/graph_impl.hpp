@@ -194,7 +194,7 @@ const Shape& operand_shape(const char* op, const Operand& x);
 [[noreturn]] void fail(const InferArgs& a, const std::string& what);
 // Inputs must be f32/f64 and share dtype and device (names them otherwise).
 void check_float_same(const InferArgs& a);
-// Input i must be i64.
+// Input i must be i64 indices on input 0's device.
 void check_index(const InferArgs& a, std::size_t i);
 // Normalises a possibly negative axis for rank r; throws naming the op.
 std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank);

@@ -3,6 +3,7 @@
 // pointers and sizes (no CUDA or fmt headers: the op files, compiled by the
 // host compiler, call them from their *_cuda glue). Everything is queued on
 // the current device's default stream.
+#include <cstddef>
 #include <cstdint>
 
 #include "ad/dtype.hpp"
@@ -26,6 +27,9 @@ void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Sh
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
 // dst += src.
 void add_into(DType t, void* dst, const void* src, std::int64_t n);
+// y[i] = dropout's f(x[i], i) (src/ops/random_math.hpp).
+void dropout(DType t, const void* x, void* y, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float p,
+             double scale);
 
 }  // namespace ad::cuda_k
 
@@ -46,6 +50,12 @@ namespace ad::cuda_k {
 // y = scale * sum of x over the dims where `keep` (same rank as xs) is 1 and
 // xs is not; y is laid out as `keep`. Accumulates in f64, in a fixed order.
 void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale);
+// y = max of x over the same groups (NaN propagates; the same value, and for
+// ties between 0 and -0 the same bits, as the CPU's left-to-right scan).
+void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void* y);
+// dx = dy at the first (lowest-index) element of each group equal to y (or
+// NaN where y is NaN), 0 elsewhere.
+void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* y, const void* dy, void* dx);
 
 }  // namespace ad::cuda_k
 
@@ -60,5 +70,69 @@ struct RowGeom {
 // Runs the row functor `op` of ops/rows.hpp on every row, one row per thread:
 // `in` are its input pointers in the functor's order, `out` its output.
 void for_rows(DType t, RowGeom g, rows::Op op, std::initializer_list<const void*> in, void* out);
+
+}  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- data movement (src/cuda/shape.cu) ----
+// Element-size-generic: `es` is the element size in bytes (2, 4 or 8).
+// y = x with its dims permuted: ys[i] = xs[perm[i]].
+void permute(std::size_t es, const void* x, const Shape& xs, const Shape& perm, void* y, const Shape& ys);
+// Along one axis of tensors seen as (outer, len, inner): for o < outer,
+// j < n: dst[(o * dst_len + dst_at + j) * inner + i] = src[(o * src_len + src_at + j) * inner + i].
+// Covers slice, slice_backward, concat, part_backward.
+void copy_axis(std::size_t es, const void* src, std::int64_t src_len, std::int64_t src_at, void* dst,
+               std::int64_t dst_len, std::int64_t dst_at, std::int64_t outer, std::int64_t n, std::int64_t inner);
+// bytes of zeros at p
+void zero(void* p, std::size_t bytes);
+// The first position i < n with index[i] outside [0, len), or -1; when found,
+// its value goes to *value. Synchronises with the device (it reads a flag the
+// check kernel wrote), so the caller can throw ad::Error on the host.
+std::int64_t first_bad_index(const std::int64_t* index, std::int64_t n, std::int64_t len, std::int64_t* value);
+// gather along an axis: x (outer, len, inner), index [ni] (all in range),
+// y (outer, ni, inner): y[o, j, i] = x[o, index[j], i].
+void gather(std::size_t es, const void* x, std::int64_t outer, std::int64_t len, std::int64_t inner,
+            const std::int64_t* index, std::int64_t ni, void* y);
+// Its adjoint: dx (outer, len, inner) [o, v, i] = sum over j with index[j] = v
+// of dy[o, j, i], added in increasing j from 0 (the CPU's order: same bits);
+// no atomics, so deterministic. f32 or f64.
+void gather_backward(DType t, const void* dy, std::int64_t outer, std::int64_t len, std::int64_t inner,
+                     const std::int64_t* index, std::int64_t ni, void* dx);
+
+}  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- normalisation over the last dim d (src/cuda/norm.cu) ----
+// The row functors of ops/norm_math.hpp, one thread per row. The dgamma
+// variants (which = 1) first store each row's statistics in `stats` (2 * rows
+// doubles for layer_norm, rows for rms_norm), then one thread per column sums
+// the rows in order.
+void layer_norm(DType t, const void* x, const void* g, const void* b, void* y, std::int64_t rows, std::int64_t d,
+                double eps);
+void layer_norm_backward(DType t, int which, const void* x, const void* g, const void* dy, void* out,
+                         std::int64_t rows, std::int64_t d, double eps, double* stats);
+void rms_norm(DType t, const void* x, const void* g, void* y, std::int64_t rows, std::int64_t d, double eps);
+void rms_norm_backward(DType t, int which, const void* x, const void* g, const void* dy, void* out,
+                       std::int64_t rows, std::int64_t d, double eps, double* stats);
+
+}  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- losses (src/cuda/loss.cu) ----
+// Each writes one value y[0] = (sum of terms) / divisor, the terms summed in
+// f64 in a fixed order: per-row (cross_entropy) or per-block (mse) partial
+// sums go to `parts` (the op's workspace), then one block adds them up.
+// cross_entropy: logits (rows, c), labels in range; parts: rows doubles.
+void cross_entropy(DType t, const void* x, const std::int64_t* labels, std::int64_t rows, std::int64_t c,
+                   double divisor, double* parts, void* y);
+// (softmax - onehot) dy [/ rows], one thread per row (ops/loss_math.hpp).
+void cross_entropy_backward(DType t, const void* x, const std::int64_t* labels, const void* dy, void* dx,
+                            std::int64_t rows, std::int64_t c, bool mean);
+// mse: (a - b)^2 over n elements; parts: nparts doubles (nparts >= 1).
+void mse(DType t, const void* a, const void* b, std::int64_t n, double divisor, double* parts, std::int64_t nparts,
+         void* y);
 
 }  // namespace ad::cuda_k

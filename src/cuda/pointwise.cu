@@ -1,30 +1,23 @@
 // CUDA kernels of the elementwise ops: one grid-stride kernel per shape of
 // access (same-shape unary and binary, broadcasting binary), applying the
-// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too.
+// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too; casts,
+// accumulation, and dropout (ops/random_math.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 
 #include "ad/error.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/util.cuh"
+#include "ops/random_math.hpp"
 
 namespace ad::cuda_k {
 
 namespace {
 
 constexpr int kThreads = 256;
-unsigned blocks_for(std::int64_t n) {
-  std::int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 8 ? (b < 1 ? 1 : b) : 65535 * 8);
-}
-// (check.hpp pulls in fmt, which nvcc cannot compile: errors here are built
-// with std::string.)
-void check_launch(const char* what) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
-}
+unsigned blocks_for(std::int64_t n) { return grid_for(n, kThreads); }
 
 template <class T, class F> __global__ void map1_kernel(const T* x, T* y, std::int64_t n, F f) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -86,6 +79,13 @@ template <class T> __global__ void add_into_kernel(T* d, const T* s, std::int64_
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     d[i] += s[i];
+}
+
+// dropout: y[i] = f(x[i], i), the mask drawn from Philox as on the CPU
+template <class T> __global__ void dropout_kernel(const T* x, T* y, std::int64_t n, rnd::Dropout<T> f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = f(x[i], i);
 }
 
 }  // namespace
@@ -164,6 +164,18 @@ void add_into(DType t, void* dst, const void* src, std::int64_t n) {
   else
     add_into_kernel<<<blocks_for(n), kThreads>>>(static_cast<double*>(dst), static_cast<const double*>(src), n);
   check_launch("add_into");
+}
+
+void dropout(DType t, const void* x, void* y, std::int64_t n, std::uint64_t seed, std::uint64_t offset, float p,
+             double scale) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    dropout_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), n,
+                                                rnd::Dropout<float>{seed, offset, p, static_cast<float>(scale)});
+  else
+    dropout_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), n,
+                                                rnd::Dropout<double>{seed, offset, p, scale});
+  check_launch("dropout");
 }
 
 }  // namespace ad::cuda_k

@@ -1,12 +1,13 @@
-// Sum reductions on the GPU (sum, mean, sum_to): one block per output
-// element; its threads stride over the reduced elements, accumulate in f64
-// and combine in shared memory in a fixed tree order (deterministic).
+// Reductions on the GPU: sum (sum, mean, sum_to) and max with its backward.
+// One block per output element; its threads cover the reduced elements and
+// combine in shared memory in a fixed tree order (deterministic). Sums
+// accumulate in f64.
 #include <cuda_runtime.h>
 
-#include <string>
+#include <cmath>
 
-#include "ad/error.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/util.cuh"
 
 namespace ad::cuda_k {
 
@@ -19,23 +20,30 @@ struct Geom {
   std::int64_t stride[kMaxRank];
   std::int64_t nred;
 };
+// offset in x of element 0 of output o's group
+__device__ std::int64_t base_offset(const Geom& g, std::int64_t o) {
+  std::int64_t base = 0;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    base += (o % g.keep[d]) * g.stride[d];
+    o /= g.keep[d];
+  }
+  return base;
+}
+// offset of the group's r-th element from its element 0 (increasing in r)
+__device__ std::int64_t red_offset(const Geom& g, std::int64_t r) {
+  std::int64_t off = 0;
+  for (int d = g.rank - 1; d >= 0; --d) {
+    off += (r % g.red[d]) * g.stride[d];
+    r /= g.red[d];
+  }
+  return off;
+}
 template <class T> __global__ void reduce_kernel(const T* x, T* y, std::int64_t nout, Geom g, double scale) {
   __shared__ double part[kThreads];
   for (std::int64_t o = blockIdx.x; o < nout; o += gridDim.x) {
-    std::int64_t rem = o, base = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      base += (rem % g.keep[d]) * g.stride[d];
-      rem /= g.keep[d];
-    }
+    std::int64_t base = base_offset(g, o);
     double acc = 0;
-    for (std::int64_t r = threadIdx.x; r < g.nred; r += blockDim.x) {
-      std::int64_t rr = r, off = base;
-      for (int d = g.rank - 1; d >= 0; --d) {
-        off += (rr % g.red[d]) * g.stride[d];
-        rr /= g.red[d];
-      }
-      acc += static_cast<double>(x[off]);
-    }
+    for (std::int64_t r = threadIdx.x; r < g.nred; r += blockDim.x) acc += static_cast<double>(x[base + red_offset(g, r)]);
     part[threadIdx.x] = acc;
     __syncthreads();
     for (int w = kThreads / 2; w > 0; w /= 2) {
@@ -46,11 +54,69 @@ template <class T> __global__ void reduce_kernel(const T* x, T* y, std::int64_t 
     __syncthreads();
   }
 }
-}  // namespace
 
-void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale) {
-  std::int64_t nout = keep.numel();
-  if (nout == 0) return;
+// The CPU's max step (ops/reduce.cpp): a NaN replaces the running value, so
+// does a larger one; ties keep the earlier element.
+__device__ double max_step(double a, double v) { return (v > a || v != v) ? v : a; }
+
+// Scanning left to right with max_step gives the same result as scanning two
+// consecutive runs and combining their results with max_step (run 1 first):
+// the last NaN, else the first maximal element. So each thread scans one
+// contiguous run of the reduced elements and the runs are combined neighbour
+// by neighbour, keeping the order; the result equals the CPU's sequential scan.
+template <class T> __global__ void max_kernel(const T* x, T* y, std::int64_t nout, Geom g) {
+  __shared__ double part[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  const std::int64_t chunk = (g.nred + kThreads - 1) / kThreads;
+  for (std::int64_t o = blockIdx.x; o < nout; o += gridDim.x) {
+    std::int64_t base = base_offset(g, o);
+    std::int64_t r0 = t * chunk, r1 = r0 + chunk < g.nred ? r0 + chunk : g.nred;
+    double acc = -INFINITY;
+    for (std::int64_t r = r0; r < r1; ++r) acc = max_step(acc, static_cast<double>(x[base + red_offset(g, r)]));
+    part[t] = acc;
+    __syncthreads();
+    // after the step with width w, part[t] (t a multiple of 2w) covers runs t .. t + 2w - 1
+    for (int w = 1; w < kThreads; w *= 2) {
+      if (t % (2 * w) == 0) part[t] = max_step(part[t], part[t + w]);
+      __syncthreads();
+    }
+    if (t == 0) y[o] = static_cast<T>(part[0]);
+    __syncthreads();
+  }
+}
+// dx = dy[o] at the lowest reduced index r whose element equals y[o] (or is
+// NaN when y[o] is), 0 at the group's other elements. The lowest index is a
+// min over the threads' first hits, which does not depend on order.
+template <class T>
+__global__ void max_backward_kernel(const T* x, const T* y, const T* dy, T* dx, std::int64_t nout, Geom g) {
+  __shared__ std::int64_t first[kThreads];
+  const int t = static_cast<int>(threadIdx.x);
+  for (std::int64_t o = blockIdx.x; o < nout; o += gridDim.x) {
+    std::int64_t base = base_offset(g, o);
+    T yo = y[o];
+    bool nan = yo != yo;
+    std::int64_t mine = g.nred;  // none
+    for (std::int64_t r = t; r < g.nred; r += kThreads) {
+      T v = x[base + red_offset(g, r)];
+      if (v == yo || (nan && v != v)) {
+        mine = r;  // r grows: the first hit of this thread is its lowest
+        break;
+      }
+    }
+    first[t] = mine;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+      if (t < w && first[t + w] < first[t]) first[t] = first[t + w];
+      __syncthreads();
+    }
+    std::int64_t hit = first[0];
+    T go = dy[o];
+    for (std::int64_t r = t; r < g.nred; r += kThreads) dx[base + red_offset(g, r)] = r == hit ? go : T(0);
+    __syncthreads();  // first[] is rewritten for the next output
+  }
+}
+
+Geom make_geom(const Shape& xs, const Shape& keep) {
   Geom g{};
   g.rank = xs.rank();
   g.nred = 1;
@@ -63,13 +129,46 @@ void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void
     g.red[d] = reduced ? xs[d] : 1;
     g.nred *= g.red[d];
   }
-  auto blocks = static_cast<unsigned>(nout < 65535L * 16 ? nout : 65535L * 16);
+  return g;
+}
+// one block per output (the kernels loop over the rest)
+unsigned blocks_for(std::int64_t nout) { return static_cast<unsigned>(nout < 65535L * 16 ? nout : 65535L * 16); }
+}  // namespace
+
+void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale) {
+  std::int64_t nout = keep.numel();
+  if (nout == 0) return;
+  Geom g = make_geom(xs, keep);
   if (t == DType::f32)
-    reduce_kernel<<<blocks, kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g, scale);
+    reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g, scale);
   else
-    reduce_kernel<<<blocks, kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g, scale);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel reduce_sum: ") + cudaGetErrorString(e));
+    reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g, scale);
+  check_launch("reduce_sum");
+}
+
+void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void* y) {
+  std::int64_t nout = keep.numel();
+  if (nout == 0) return;
+  Geom g = make_geom(xs, keep);
+  if (t == DType::f32)
+    max_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g);
+  else
+    max_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g);
+  check_launch("max");
+}
+
+void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* y, const void* dy, void* dx) {
+  std::int64_t nout = keep.numel();
+  if (nout == 0) return;
+  Geom g = make_geom(xs, keep);
+  if (t == DType::f32)
+    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<const float*>(y),
+                                                        static_cast<const float*>(dy), static_cast<float*>(dx), nout, g);
+  else
+    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<const double*>(y),
+                                                        static_cast<const double*>(dy), static_cast<double*>(dx), nout,
+                                                        g);
+  check_launch("max_backward");
 }
 
 }  // namespace ad::cuda_k

@@ -2,11 +2,10 @@
 // row functors of ops/rows.hpp that the CPU kernels run too.
 #include <cuda_runtime.h>
 
-#include <string>
 #include <vector>
 
-#include "ad/error.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/util.cuh"
 
 namespace ad::cuda_k {
 
@@ -25,8 +24,7 @@ template <class F> void launch(F f, RowGeom g) {
   if (n == 0) return;
   std::int64_t b = (n + kThreads - 1) / kThreads;
   rows_kernel<<<static_cast<unsigned>(b < 65535L * 16 ? b : 65535L * 16), kThreads>>>(f, g.outer, g.len, g.inner);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("CUDA kernel rows: ") + cudaGetErrorString(e));
+  check_launch("rows");
 }
 template <class T> void run(RowGeom g, rows::Op op, const std::vector<const void*>& in, void* out) {
   auto c = [&](std::size_t i) { return static_cast<const T*>(in.at(i)); };

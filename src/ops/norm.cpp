@@ -4,6 +4,10 @@
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/norm_math.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -24,19 +28,15 @@ Meta infer_norm_backward(const InferArgs& a) {
   if (a.attrs.which == 1) m.shape = Shape{a[0].shape.back()};
   return m;
 }
-template <class T> void row_stats(const T* x, std::int64_t d, double eps, double& mu, double& rstd) {
-  double s = 0;
-  for (std::int64_t j = 0; j < d; ++j) s += x[j];
-  mu = s / static_cast<double>(d);
-  double v = 0;
-  for (std::int64_t j = 0; j < d; ++j) { double c = x[j] - mu; v += c * c; }
-  rstd = 1.0 / std::sqrt(v / static_cast<double>(d) + eps);
+// Workspace of dgamma on a GPU: `per_row` doubles of statistics per row (the
+// CUDA kernel stores them, then sums columns); the CPU needs none.
+std::int64_t norm_dgamma_ws(const InferArgs& a, std::int64_t per_row) {
+  if (a.attrs.which != 1 || a[0].device.kind != DeviceKind::cuda) return 0;
+  std::int64_t d = a[0].shape.back(), rows = d ? a[0].shape.numel() / d : 0;
+  return rows * per_row * static_cast<std::int64_t>(sizeof(double));
 }
-template <class T> double row_rms(const T* x, std::int64_t d, double eps) {
-  double s = 0;
-  for (std::int64_t j = 0; j < d; ++j) s += static_cast<double>(x[j]) * x[j];
-  return 1.0 / std::sqrt(s / static_cast<double>(d) + eps);
-}
+std::int64_t layer_norm_backward_ws(const InferArgs& a, const Meta&) { return norm_dgamma_ws(a, 2); }  // mean, rstd
+std::int64_t rms_norm_backward_ws(const InferArgs& a, const Meta&) { return norm_dgamma_ws(a, 1); }    // 1/rms
 }  // namespace
 
 // ---- layer_norm ----  y = (x - mu) rstd gamma + beta; saves x and gamma
@@ -44,16 +44,14 @@ void layer_norm_cpu(const KernelArgs& k) {
   std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
   kernels::dispatch_float(k.out.dtype(), "layer_norm", [&](auto t) {
     using T = decltype(t);
-    const T *x = k[0].data<T>(), *g = k[1].data<T>(), *b = k[2].data<T>();
-    T* y = k.out.data<T>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      double mu, rstd;
-      row_stats(x + r * d, d, k.attrs.scalar, mu, rstd);
-      T m = static_cast<T>(mu), s = static_cast<T>(rstd);
-      for (std::int64_t j = 0; j < d; ++j) y[r * d + j] = (x[r * d + j] - m) * s * g[j] + b[j];
-    }
+    norm::LayerNorm<T> f{k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k.out.data<T>(), d, k.attrs.scalar};
+    for (std::int64_t r = 0; r < rows; ++r) f(r);
   });
 }
+AD_CUDA_ONLY(void layer_norm_cuda(const KernelArgs& k) {
+  std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
+  cuda_k::layer_norm(k.out.dtype(), k[0].raw(), k[1].raw(), k[2].raw(), k.out.raw(), rows, d, k.attrs.scalar);
+})
 void layer_norm_bwd(BackwardArgs& a) {
   Attrs at = a.attrs;
   if (a.needs[0]) { at.which = 0; a.grad[0] = make_node(OpId::layer_norm_backward, {a.in[0], a.in[1], a.dout}, at); }
@@ -61,7 +59,7 @@ void layer_norm_bwd(BackwardArgs& a) {
   if (a.needs[2]) a.grad[2] = sum_to(a.dout, a.in[2].shape());
 }
 const OpDef op_def_layer_norm{.name = "layer_norm", .args = "x,gamma,beta", .arity = 3, .infer = infer_norm,
-                              .cpu = layer_norm_cpu, .backward = layer_norm_bwd,
+                              .cpu = layer_norm_cpu, .cuda = AD_CUDA_FN(layer_norm_cuda), .backward = layer_norm_bwd,
                               .saves = saves_input(0) | saves_input(1)};
 Var layer_norm(const Operand& x, const Operand& gamma, const Operand& beta, double eps) {
   if (!(eps >= 0)) throw Error(fmt::format("layer_norm: eps must be >= 0, got {}", eps));
@@ -77,53 +75,51 @@ void layer_norm_backward_cpu(const KernelArgs& k) {
     using T = decltype(t);
     const T *x = k[0].data<T>(), *g = k[1].data<T>(), *dy = k[2].data<T>();
     T* out = k.out.data<T>();
-    if (k.attrs.which == 1) for (std::int64_t j = 0; j < d; ++j) out[j] = T(0);
+    if (k.attrs.which == 0) {
+      norm::LayerNormDx<T> f{x, g, dy, out, d, k.attrs.scalar};
+      for (std::int64_t r = 0; r < rows; ++r) f(r);
+      return;
+    }
+    for (std::int64_t j = 0; j < d; ++j) out[j] = T(0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const T *xr = x + r * d, *dyr = dy + r * d;
       double mu, rstd;
-      row_stats(xr, d, k.attrs.scalar, mu, rstd);
-      if (k.attrs.which == 1) {
-        for (std::int64_t j = 0; j < d; ++j) out[j] += dyr[j] * static_cast<T>((xr[j] - mu) * rstd);
-        continue;
-      }
-      double s1 = 0, s2 = 0;
-      for (std::int64_t j = 0; j < d; ++j) {
-        double gd = static_cast<double>(dyr[j]) * g[j];
-        s1 += gd;
-        s2 += gd * (xr[j] - mu) * rstd;
-      }
-      double m1 = s1 / static_cast<double>(d), m2 = s2 / static_cast<double>(d);
-      for (std::int64_t j = 0; j < d; ++j) {
-        double xh = (xr[j] - mu) * rstd;
-        out[r * d + j] = static_cast<T>(rstd * (static_cast<double>(dyr[j]) * g[j] - m1 - xh * m2));
-      }
+      norm::row_stats(xr, d, k.attrs.scalar, mu, rstd);
+      for (std::int64_t j = 0; j < d; ++j) out[j] += norm::layer_norm_dgamma_term(xr[j], dyr[j], mu, rstd);
     }
   });
 }
+AD_CUDA_ONLY(void layer_norm_backward_cuda(const KernelArgs& k) {
+  std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
+  cuda_k::layer_norm_backward(k.out.dtype(), k.attrs.which, k[0].raw(), k[1].raw(), k[2].raw(), k.out.raw(), rows, d,
+                              k.attrs.scalar, static_cast<double*>(k.workspace));
+})
 const OpDef op_def_layer_norm_backward{.name = "layer_norm_backward", .args = "x,gamma,dy", .arity = 3,
                                        .infer = infer_norm_backward, .cpu = layer_norm_backward_cpu,
-                                       .no_grad = "double backward is not supported"};
+                                       .cuda = AD_CUDA_FN(layer_norm_backward_cuda),
+                                       .no_grad = "double backward is not supported",
+                                       .workspace = layer_norm_backward_ws};
 
 // ---- rms_norm ----  y = x r gamma, r = 1/sqrt(mean(x^2) + eps); saves x and gamma
 void rms_norm_cpu(const KernelArgs& k) {
   std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
   kernels::dispatch_float(k.out.dtype(), "rms_norm", [&](auto t) {
     using T = decltype(t);
-    const T *x = k[0].data<T>(), *g = k[1].data<T>();
-    T* y = k.out.data<T>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T s = static_cast<T>(row_rms(x + r * d, d, k.attrs.scalar));
-      for (std::int64_t j = 0; j < d; ++j) y[r * d + j] = x[r * d + j] * s * g[j];
-    }
+    norm::RmsNorm<T> f{k[0].data<T>(), k[1].data<T>(), k.out.data<T>(), d, k.attrs.scalar};
+    for (std::int64_t r = 0; r < rows; ++r) f(r);
   });
 }
+AD_CUDA_ONLY(void rms_norm_cuda(const KernelArgs& k) {
+  std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
+  cuda_k::rms_norm(k.out.dtype(), k[0].raw(), k[1].raw(), k.out.raw(), rows, d, k.attrs.scalar);
+})
 void rms_norm_bwd(BackwardArgs& a) {
   Attrs at = a.attrs;
   if (a.needs[0]) { at.which = 0; a.grad[0] = make_node(OpId::rms_norm_backward, {a.in[0], a.in[1], a.dout}, at); }
   if (a.needs[1]) { at.which = 1; a.grad[1] = make_node(OpId::rms_norm_backward, {a.in[0], a.in[1], a.dout}, at); }
 }
 const OpDef op_def_rms_norm{.name = "rms_norm", .args = "x,gamma", .arity = 2, .infer = infer_norm,
-                            .cpu = rms_norm_cpu, .backward = rms_norm_bwd, .saves = saves_input(0) | saves_input(1)};
+                            .cpu = rms_norm_cpu, .cuda = AD_CUDA_FN(rms_norm_cuda), .backward = rms_norm_bwd, .saves = saves_input(0) | saves_input(1)};
 Var rms_norm(const Operand& x, const Operand& gamma, double eps) {
   if (!(eps >= 0)) throw Error(fmt::format("rms_norm: eps must be >= 0, got {}", eps));
   Attrs at;
@@ -137,24 +133,28 @@ void rms_norm_backward_cpu(const KernelArgs& k) {
     using T = decltype(t);
     const T *x = k[0].data<T>(), *g = k[1].data<T>(), *dy = k[2].data<T>();
     T* out = k.out.data<T>();
-    if (k.attrs.which == 1) for (std::int64_t j = 0; j < d; ++j) out[j] = T(0);
+    if (k.attrs.which == 0) {
+      norm::RmsNormDx<T> f{x, g, dy, out, d, k.attrs.scalar};
+      for (std::int64_t r = 0; r < rows; ++r) f(r);
+      return;
+    }
+    for (std::int64_t j = 0; j < d; ++j) out[j] = T(0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const T *xr = x + r * d, *dyr = dy + r * d;
-      double rs = row_rms(xr, d, k.attrs.scalar);
-      if (k.attrs.which == 1) {
-        for (std::int64_t j = 0; j < d; ++j) out[j] += dyr[j] * static_cast<T>(xr[j] * rs);
-        continue;
-      }
-      double s = 0;
-      for (std::int64_t j = 0; j < d; ++j) s += static_cast<double>(dyr[j]) * g[j] * xr[j];
-      double m = s / static_cast<double>(d);
-      for (std::int64_t j = 0; j < d; ++j)
-        out[r * d + j] = static_cast<T>(rs * (static_cast<double>(dyr[j]) * g[j] - xr[j] * rs * rs * m));
+      double rs = norm::row_rms(xr, d, k.attrs.scalar);
+      for (std::int64_t j = 0; j < d; ++j) out[j] += norm::rms_norm_dgamma_term(xr[j], dyr[j], rs);
     }
   });
 }
+AD_CUDA_ONLY(void rms_norm_backward_cuda(const KernelArgs& k) {
+  std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;
+  cuda_k::rms_norm_backward(k.out.dtype(), k.attrs.which, k[0].raw(), k[1].raw(), k[2].raw(), k.out.raw(), rows, d,
+                            k.attrs.scalar, static_cast<double*>(k.workspace));
+})
 const OpDef op_def_rms_norm_backward{.name = "rms_norm_backward", .args = "x,gamma,dy", .arity = 3,
                                      .infer = infer_norm_backward, .cpu = rms_norm_backward_cpu,
-                                     .no_grad = "double backward is not supported"};
+                                     .cuda = AD_CUDA_FN(rms_norm_backward_cuda),
+                                     .no_grad = "double backward is not supported",
+                                     .workspace = rms_norm_backward_ws};
 
 }  // namespace ad

@@ -2,6 +2,10 @@
 // Philox, so a recomputed node draws exactly the same mask.
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/random_math.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -20,18 +24,20 @@ void dropout_cpu(const KernelArgs& k) {
     using T = decltype(t);
     const T* x = k[0].data<T>();
     T* y = k.out.data<T>();
-    T scale = static_cast<T>(1.0 / (1.0 - p));
-    auto pf = static_cast<float>(p);
-    for (std::int64_t i = 0; i < k.out.numel(); ++i) {
-      float u = uniform01(philox_u32(seed, off + static_cast<std::uint64_t>(i)));
-      y[i] = u > pf ? x[i] * scale : T(0);
-    }
+    rnd::Dropout<T> f{seed, off, static_cast<float>(p), static_cast<T>(1.0 / (1.0 - p))};
+    for (std::int64_t i = 0; i < k.out.numel(); ++i) y[i] = f(x[i], i);
   });
 }
+AD_CUDA_ONLY(void dropout_cuda(const KernelArgs& k) {
+  double p = k.attrs.scalar;
+  cuda_k::dropout(k.out.dtype(), k[0].raw(), k.out.raw(), k.out.numel(), k.attrs.seed, k.attrs.offset,
+                  static_cast<float>(p), 1.0 / (1.0 - p));
+})
 void dropout_bwd(BackwardArgs& a) {
   a.grad[0] = dropout(a.dout, a.attrs.scalar, a.attrs.seed, a.attrs.offset);
 }
 const OpDef op_def_dropout{.name = "dropout", .args = "x", .arity = 1, .infer = infer_dropout, .cpu = dropout_cpu,
+                           .cuda = AD_CUDA_FN(dropout_cuda),
                            .backward = dropout_bwd};
 Var dropout(const Operand& x, double p, std::uint64_t seed, std::uint64_t offset) {
   Attrs at;

@@ -178,16 +178,22 @@ void max_cpu(const KernelArgs& k) {
                 [](double a, double v) { return (v > a || v != v) ? v : a; });
   });
 }
+AD_CUDA_ONLY(void max_cuda(const KernelArgs& k) {
+  cuda_k::reduce_max(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw());
+})
 void max_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::max_backward, {a.in[0], a.out, a.dout}, a.attrs); }
-const OpDef op_def_max{.name = "max", .args = "x", .arity = 1, .infer = infer_max, .cpu = max_cpu, .backward = max_bwd,
+const OpDef op_def_max{.name = "max", .args = "x", .arity = 1, .infer = infer_max, .cpu = max_cpu,
+                       .cuda = AD_CUDA_FN(max_cuda), .backward = max_bwd,
                        .saves = saves_input(0) | kSavesOutput};
 Var max(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::max, {x}, reduce_attrs("max", x, axes, keepdim));
 }
 // ---- max_backward ----  (x, y, dy) -> dx: dy at the first x equal to y in each group, else 0.
-// Workspace: one flag per output ("already given").
+// Workspace (CPU): one flag per output ("already given"); the CUDA kernel needs none.
 Meta infer_max_backward(const InferArgs& a) { check_float_same(a); return a[0]; }
-std::int64_t max_backward_ws(const InferArgs& a, const Meta&) { return a[1].shape.numel(); }
+std::int64_t max_backward_ws(const InferArgs& a, const Meta&) {
+  return a[0].device.kind == DeviceKind::cuda ? 0 : a[1].shape.numel();
+}
 void max_backward_cpu(const KernelArgs& k) {
   kernels::dispatch_float(k.out.dtype(), "max_backward", [&](auto t) {
     using T = decltype(t);
@@ -218,8 +224,13 @@ void max_backward_cpu(const KernelArgs& k) {
     }
   });
 }
+AD_CUDA_ONLY(void max_backward_cuda(const KernelArgs& k) {
+  cuda_k::max_backward(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k[1].raw(),
+                       k[2].raw(), k.out.raw());
+})
 const OpDef op_def_max_backward{.name = "max_backward", .args = "x,y,dy", .arity = 3, .infer = infer_max_backward,
-                                .cpu = max_backward_cpu, .no_grad = "double backward is not supported",
+                                .cpu = max_backward_cpu, .cuda = AD_CUDA_FN(max_backward_cuda),
+                                .no_grad = "double backward is not supported",
                                 .workspace = max_backward_ws};
 
 // ---- logsumexp ----  over one axis; all -inf row -> -inf; saves input and output

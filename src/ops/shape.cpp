@@ -102,13 +102,16 @@ void permute_cpu(const KernelArgs& k) {
     default: kernel_fail("permute", fmt::format("no CPU kernel for dtype {}", dtype_name(k.out.dtype())));
   }
 }
+AD_CUDA_ONLY(void permute_cuda(const KernelArgs& k) {
+  cuda_k::permute(dtype_size(k.out.dtype()), k[0].raw(), k[0].shape(), k.attrs.axes, k.out.raw(), k.out.shape());
+})
 void permute_bwd(BackwardArgs& a) {
   Shape inv = a.attrs.axes;
   for (int i = 0; i < inv.rank(); ++i) inv[static_cast<int>(a.attrs.axes[i])] = i;
   a.grad[0] = permute(a.dout, inv);
 }
 const OpDef op_def_permute{.name = "permute", .args = "x", .arity = 1, .infer = infer_permute, .cpu = permute_cpu,
-                           .backward = permute_bwd};
+                           .cuda = AD_CUDA_FN(permute_cuda), .backward = permute_bwd};
 Var permute(const Operand& x, const Shape& perm) {
   Attrs at;
   at.axes = perm;
@@ -228,13 +231,19 @@ void slice_cpu(const KernelArgs& k) {
                 src + static_cast<std::size_t>((o * s.len + k.attrs.start) * s.inner) * es,
                 static_cast<std::size_t>(len * s.inner) * es);
 }
+AD_CUDA_ONLY(void slice_cuda(const KernelArgs& k) {
+  AxisSplit s = split_at(k[0].shape(), k.attrs.axis);
+  std::int64_t len = k.attrs.stop - k.attrs.start;
+  cuda_k::copy_axis(dtype_size(k.out.dtype()), k[0].raw(), s.len, k.attrs.start, k.out.raw(), len, 0, s.outer, len,
+                    s.inner);
+})
 void slice_bwd(BackwardArgs& a) {
   Attrs at = a.attrs;
   at.shape = a.in[0].shape();
   a.grad[0] = make_node(OpId::slice_backward, {a.dout}, at);
 }
 const OpDef op_def_slice{.name = "slice", .args = "x", .arity = 1, .infer = infer_slice, .cpu = slice_cpu,
-                         .backward = slice_bwd};
+                         .cuda = AD_CUDA_FN(slice_cuda), .backward = slice_bwd};
 Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop) {
   Shape s = operand_shape("slice", x);
   if (s.rank() == 0) throw Error(fmt::format("slice: cannot slice a scalar {}", s.str()));
@@ -267,11 +276,19 @@ void slice_backward_cpu(const KernelArgs& k) {
     std::memcpy(dst + static_cast<std::size_t>((o * s.len + k.attrs.start) * s.inner) * es,
                 src + static_cast<std::size_t>(o * len * s.inner) * es, static_cast<std::size_t>(len * s.inner) * es);
 }
+AD_CUDA_ONLY(void slice_backward_cuda(const KernelArgs& k) {
+  cuda_k::zero(k.out.raw(), k.out.nbytes());
+  AxisSplit s = split_at(k.out.shape(), k.attrs.axis);
+  std::int64_t len = k.attrs.stop - k.attrs.start;
+  cuda_k::copy_axis(dtype_size(k.out.dtype()), k[0].raw(), len, 0, k.out.raw(), s.len, k.attrs.start, s.outer, len,
+                    s.inner);
+})
 void slice_backward_bwd(BackwardArgs& a) {
   a.grad[0] = slice(a.dout, static_cast<int>(a.attrs.axis), a.attrs.start, a.attrs.stop);
 }
 const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity = 1,
                                   .infer = infer_slice_backward, .cpu = slice_backward_cpu,
+                                  .cuda = AD_CUDA_FN(slice_backward_cuda),
                                   .backward = slice_backward_bwd};
 
 // ---- part ----  numel(shape) elements of x's flat order from element `start`,
@@ -315,9 +332,16 @@ void part_backward_cpu(const KernelArgs& k) {
   if (n) std::memcpy(dst + at, k[0].raw(), n);
   std::memset(dst + at + n, 0, k.out.nbytes() - at - n);
 }
+// the whole buffer zeroed, then dy copied in as one run (outer = inner = 1)
+AD_CUDA_ONLY(void part_backward_cuda(const KernelArgs& k) {
+  cuda_k::zero(k.out.raw(), k.out.nbytes());
+  std::int64_t n = k[0].numel();
+  cuda_k::copy_axis(dtype_size(k.out.dtype()), k[0].raw(), n, 0, k.out.raw(), k.out.numel(), k.attrs.start, 1, n, 1);
+})
 void part_backward_bwd(BackwardArgs& a) { a.grad[0] = part(a.dout, a.attrs.start, a.in[0].shape()); }
 const OpDef op_def_part_backward{.name = "part_backward", .args = "dy", .arity = 1,
                                  .infer = infer_part_backward, .cpu = part_backward_cpu,
+                                 .cuda = AD_CUDA_FN(part_backward_cuda),
                                  .backward = part_backward_bwd};
 
 // ---- concat ----  joins along axis; other dims equal
@@ -353,6 +377,15 @@ void concat_cpu(const KernelArgs& k) {
     off += len;
   }
 }
+AD_CUDA_ONLY(void concat_cuda(const KernelArgs& k) {
+  AxisSplit so = split_at(k.out.shape(), k.attrs.axis);
+  std::int64_t off = 0;
+  for (const Tensor* t : k.in) {
+    std::int64_t len = t->shape()[static_cast<int>(k.attrs.axis)];
+    cuda_k::copy_axis(dtype_size(k.out.dtype()), t->raw(), len, 0, k.out.raw(), so.len, off, so.outer, len, so.inner);
+    off += len;
+  }
+})
 void concat_bwd(BackwardArgs& a) {
   std::int64_t off = 0;
   for (std::size_t i = 0; i < a.in.size(); ++i) {
@@ -362,6 +395,7 @@ void concat_bwd(BackwardArgs& a) {
   }
 }
 const OpDef op_def_concat{.name = "concat", .args = "...", .arity = -1, .infer = infer_concat, .cpu = concat_cpu,
+                          .cuda = AD_CUDA_FN(concat_cuda),
                           .backward = concat_bwd};
 Var concat(const std::vector<Var>& xs, int axis) {
   if (xs.empty()) throw Error("concat: no inputs");
@@ -403,12 +437,24 @@ void gather_cpu(const KernelArgs& k) {
       std::memcpy(dst + static_cast<std::size_t>(o * ni + j) * row, src + static_cast<std::size_t>(o * s.len + idx[j]) * row,
                   row);
 }
+// Indices live on the GPU: a check kernel finds the first bad one, which is
+// thrown here as on the CPU (this waits for the device).
+AD_CUDA_ONLY(void gather_cuda(const KernelArgs& k) {
+  AxisSplit s = split_at(k[0].shape(), k.attrs.axis);
+  const std::int64_t* idx = k[1].data<std::int64_t>();
+  std::int64_t ni = k[1].numel(), bad = 0;
+  if (std::int64_t j = cuda_k::first_bad_index(idx, ni, s.len, &bad); j >= 0)
+    kernel_fail("gather", fmt::format("index {} at position {} out of range [0, {}) for x {}", bad, j, s.len,
+                                      k[0].shape().str()));
+  cuda_k::gather(dtype_size(k.out.dtype()), k[0].raw(), s.outer, s.len, s.inner, idx, ni, k.out.raw());
+})
 void gather_bwd(BackwardArgs& a) {
   Attrs at = a.attrs;
   at.shape = a.in[0].shape();
   a.grad[0] = make_node(OpId::gather_backward, {a.dout, a.in[1]}, at);
 }
 const OpDef op_def_gather{.name = "gather", .args = "x,index", .arity = 2, .infer = infer_gather, .cpu = gather_cpu,
+                          .cuda = AD_CUDA_FN(gather_cuda),
                           .backward = gather_bwd, .saves = saves_input(1)};
 Var gather(const Operand& x, const Operand& index, int axis) {
   Shape s = operand_shape("gather", x);
@@ -448,11 +494,20 @@ void gather_backward_cpu(const KernelArgs& k) {
       }
   });
 }
+AD_CUDA_ONLY(void gather_backward_cuda(const KernelArgs& k) {
+  AxisSplit s = split_at(k.out.shape(), k.attrs.axis);
+  const std::int64_t* idx = k[1].data<std::int64_t>();
+  std::int64_t ni = k[1].numel(), bad = 0;
+  if (std::int64_t j = cuda_k::first_bad_index(idx, ni, s.len, &bad); j >= 0)
+    kernel_fail("gather_backward", fmt::format("index {} at position {} out of range [0, {})", bad, j, s.len));
+  cuda_k::gather_backward(k.out.dtype(), k[0].raw(), s.outer, s.len, s.inner, idx, ni, k.out.raw());
+})
 void gather_backward_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = gather(a.dout, a.in[1], static_cast<int>(a.attrs.axis));
 }
 const OpDef op_def_gather_backward{.name = "gather_backward", .args = "dy,index", .arity = 2,
                                    .infer = infer_gather_backward, .cpu = gather_backward_cpu,
+                                   .cuda = AD_CUDA_FN(gather_backward_cuda),
                                    .backward = gather_backward_bwd, .saves = saves_input(1)};
 
 }  // namespace ad

@@ -1,0 +1,40 @@
+#pragma once
+// Internal helpers of the .cu files: launch sizes, launch checks, and a
+// one-thread-per-row kernel. (check.hpp pulls in fmt, which nvcc cannot
+// compile in C++20: errors here are built with std::string.)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ad/error.hpp"
+
+namespace ad::cuda_k {
+
+// Blocks for a grid-stride loop over n items, capped (the loops cover the rest).
+inline unsigned grid_for(std::int64_t n, int threads) {
+  std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b < 65535L * 16 ? b : 65535L * 16));
+}
+inline void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
+}
+inline void check_call(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+// f(r) for every r < n, one thread each.
+template <class F> __global__ void each_kernel(F f, std::int64_t n) {
+  for (std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    f(r);
+}
+template <class F> void for_each_index(F f, std::int64_t n, const char* what) {
+  if (n <= 0) return;
+  constexpr int kRowThreads = 128;
+  each_kernel<<<grid_for(n, kRowThreads), kRowThreads>>>(f, n);
+  check_launch(what);
+}
+
+}  // namespace ad::cuda_k
