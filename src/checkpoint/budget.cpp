@@ -6,7 +6,8 @@
 // uniform keep sets, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
 // memory levels from the lower bound up to the keep_all peak, and, for
-// chain-shaped graphs, binomial (Revolve) schedules. The DTR ladder runs
+// chain-shaped graphs, binomial (Revolve) schedules, with one forward node
+// per chain step and with steps grouped up to the values backward reads. The DTR ladder runs
 // twice: demanding the nodes in autodiff's order, and in a low-memory
 // topological order (each step, the ready node whose demand adds the least
 // memory: a parameter gradient as soon as its inputs exist, since it is
@@ -253,6 +254,20 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
       if ((i + 1) % k == 0) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
     add(keep_set(p, keep));
   }
+  // Keep sets whose gaps widen toward the front (by d nodes per gap): when
+  // backward reverses a segment, every checkpoint in front of it is still
+  // held, so the last segments must be the shortest for the peak to stay
+  // level (an arithmetic version of sqrt(n) spacing).
+  for (auto g0 : ladder(n)) {
+    if (g0 < 2 || g0 >= n) continue;
+    for (std::int64_t d : {g0 / 8, g0 / 4, g0 / 2}) {
+      if (d < 1) continue;
+      std::vector<char> keep(all.size(), 0);
+      std::int64_t gap = g0;
+      for (std::int64_t i = n - 1 - g0; i >= 0; i -= gap, gap += d) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
+      add(keep_set(p, keep));
+    }
+  }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
   const std::vector<std::int32_t> low_memory = low_memory_order(p);
   // A DTR run longer than this recomputes the graph many times over; the
@@ -271,14 +286,18 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
       else capped[k] = d.capped();
     }
   }
-  // chains: binomial (Revolve) schedules with growing numbers of snapshots
-  bool chain = true;
-  for (auto k : ladder(static_cast<std::int64_t>(p.forward.size()))) {
-    if (!chain || k > 64) break;
-    try {
-      add(optimal_chain(p, static_cast<std::int32_t>(k)));
-    } catch (const Error&) {
-      chain = false;  // not a chain: no Revolve candidates
+  // chains: binomial (Revolve) schedules with growing numbers of snapshots,
+  // one forward node per step and with steps grouped up to the values
+  // backward reads (an MLP layer per step)
+  for (bool grouped : {false, true}) {
+    bool chain = true;
+    for (auto k : ladder(static_cast<std::int64_t>(p.forward.size()))) {
+      if (!chain || k > 64) break;
+      try {
+        add(optimal_chain(p, static_cast<std::int32_t>(k), grouped));
+      } catch (const Error&) {
+        chain = false;  // not a chain: no Revolve candidates
+      }
     }
   }
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {

@@ -11,6 +11,14 @@
 // whose closed form is r*l - C(s+r, s+1) with r the least integer such that
 // C(s+r, s) >= l. The schedule below attains it, so the engine computes
 // forward nodes exactly T(l, s) + l times.
+//
+// Grouped links (used by policy::budget as candidates, not by the policy
+// itself): a step is then a maximal run of forward nodes ending at one whose
+// value a gradient node reads (or at the last forward node). In an MLP,
+// matmul -> +bias -> tanh is one step, since backward reads only the tanh
+// output (and the matmul's input, the previous step's tanh output): storing
+// a matmul or bias output would be a wasted snapshot. The values inside a
+// step are transients, freed after their last reader within the step.
 #include <algorithm>
 #include <limits>
 
@@ -23,19 +31,45 @@ namespace {
 
 class Revolver {
  public:
-  Revolver(const Problem& p, std::int32_t slots) : p_(p), b_(p), slots_(slots) {
+  Revolver(const Problem& p, std::int32_t slots, bool grouped) : p_(p), b_(p), slots_(slots) {
     const auto& f = p.forward;
-    l_ = static_cast<std::int64_t>(f.size());
-    index_.assign(static_cast<std::size_t>(p.hi + 1), 0);
-    for (std::size_t i = 0; i < f.size(); ++i) index_[static_cast<std::size_t>(f[i])] = static_cast<std::int64_t>(i) + 1;
-    // chain check: f_i reads only leaves / present values and f_{i-1}
-    for (std::size_t i = 0; i < f.size(); ++i)
-      for (auto in : p.g.node(f[i]).inputs) {
-        auto k = index_[static_cast<std::size_t>(in)];
-        if (k != 0 && k != static_cast<std::int64_t>(i))
+    const auto n = static_cast<std::size_t>(p.hi + 1);
+    // steps: one forward node each, or grouped up to a node a gradient node reads
+    std::vector<char> read_by_grad(n, 0);
+    if (grouped)
+      for (auto id : p.order)
+        if (id > p.boundary)
+          for (auto in : p.g.node(id).inputs) read_by_grad[static_cast<std::size_t>(in)] = 1;
+    links_.assign(1, {});  // links_[0] unused: x_0 is the leaf input
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (i == 0 || !grouped || read_by_grad[static_cast<std::size_t>(f[i - 1])]) links_.emplace_back();
+      links_.back().push_back(f[i]);
+    }
+    l_ = static_cast<std::int64_t>(links_.size()) - 1;
+    index_.assign(n, 0);
+    for (std::int64_t i = 1; i <= l_; ++i)
+      for (auto id : links_[static_cast<std::size_t>(i)]) index_[static_cast<std::size_t>(id)] = i;
+    // chain check: a node of step i reads only leaves / present values, x_{i-1}
+    // (the last node of step i-1) and earlier nodes of its own step
+    free_after_.assign(n, {});
+    for (std::int64_t i = 1; i <= l_; ++i)
+      for (auto id : links_[static_cast<std::size_t>(i)])
+        for (auto in : p.g.node(id).inputs) {
+          auto k = index_[static_cast<std::size_t>(in)];
+          if (k == 0 || k == i || (k == i - 1 && in == x(k))) continue;
           throw Error(fmt::format("optimal_chain: the graph is not a chain: {}#{} (step {}) reads {}#{} (step {})",
-                                  op_def(p.g.node(f[i]).op).name, f[i], i + 1, op_def(p.g.node(in).op).name, in, k));
+                                  op_def(p.g.node(id).op).name, id, i, op_def(p.g.node(in).op).name, in, k));
+        }
+    // a value inside a step is freed after its last reader there (grouped steps only)
+    for (std::int64_t i = 1; i <= l_; ++i) {
+      const auto& nodes = links_[static_cast<std::size_t>(i)];
+      for (std::size_t j = 0; j + 1 < nodes.size(); ++j) {
+        std::int32_t last = nodes[j];
+        for (auto c : p.consumers[static_cast<std::size_t>(nodes[j])])
+          if (index_[static_cast<std::size_t>(c)] == i) last = std::max(last, c);
+        free_after_[static_cast<std::size_t>(last)].push_back(nodes[j]);
       }
+    }
     // step of each gradient node: the forward step whose reversal runs it
     step_.assign(static_cast<std::size_t>(p.hi + 1), 0);
     by_step_.assign(static_cast<std::size_t>(l_ + 1), {});
@@ -65,19 +99,26 @@ class Revolver {
   }
 
  private:
-  std::int32_t f(std::int64_t i) const { return p_.forward[static_cast<std::size_t>(i - 1)]; }
-  // x_i for i >= 1 is f_i's value; x_0 is the (always present) input.
-  void drop(std::int64_t i) { if (i >= 1) b_.free(f(i)); }
+  // x_i for i >= 1 is the last node of step i; x_0 is the (always present) input.
+  std::int32_t x(std::int64_t i) const { return links_[static_cast<std::size_t>(i)].back(); }
+  void drop(std::int64_t i) { if (i >= 1) b_.free(x(i)); }
+  // runs step i's forward nodes, freeing the values inside it
+  void run_step(std::int64_t i) {
+    for (auto id : links_[static_cast<std::size_t>(i)]) {
+      b_.compute(id);
+      for (auto d : free_after_[static_cast<std::size_t>(id)]) b_.free(d);
+    }
+  }
   // computes x_{a+1} .. x_{c} from x_a, keeping only x_c (and x_a)
   void advance(std::int64_t a, std::int64_t c) {
     for (std::int64_t i = a + 1; i <= c; ++i) {
-      b_.compute(f(i));
+      run_step(i);
       if (i - 1 > a) drop(i - 1);
     }
   }
   // fused step: x_i from x_{i-1}, then step i's gradient nodes
   void reverse_step(std::int64_t i) {
-    b_.compute(f(i));
+    run_step(i);
     for (auto id : by_step_[static_cast<std::size_t>(i)]) {
       b_.compute(id);
       for (auto in : p_.g.node(id).inputs) {
@@ -110,6 +151,7 @@ class Revolver {
   const Problem& p_;
   Builder b_;
   std::int64_t slots_, l_ = 0;
+  std::vector<std::vector<std::int32_t>> links_, free_after_;
   std::vector<std::int64_t> index_, step_;
   std::vector<std::vector<std::int32_t>> by_step_;
   std::vector<std::int32_t> uses_left_;
@@ -117,6 +159,6 @@ class Revolver {
 
 }  // namespace
 
-Schedule optimal_chain(const Problem& p, std::int32_t slots) { return Revolver(p, slots).run(); }
+Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped) { return Revolver(p, slots, grouped).run(); }
 
 }  // namespace ad::planner

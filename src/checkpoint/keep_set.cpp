@@ -160,7 +160,8 @@ void Builder::compress(std::int32_t id, DType storage) {
   compressed_[u] = 1;
 }
 
-void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched) {
+void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched,
+                     const std::function<void(std::int32_t)>& computed) {
   std::vector<std::int32_t> stack{id};
   while (!stack.empty()) {
     std::int32_t t = stack.back();
@@ -179,6 +180,7 @@ void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched) {
     compute(t);
     if (touched) touched->push_back(t);
     stack.pop_back();
+    if (computed) computed(t);
   }
 }
 
@@ -217,10 +219,32 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compres
   std::vector<std::vector<std::int32_t>> expire(static_cast<std::size_t>(p.hi + 1));
   for (auto id : p.forward)
     if (h[static_cast<std::size_t>(id)] > L) expire[static_cast<std::size_t>(h[static_cast<std::size_t>(id)])].push_back(id);
+  // In backward, a recomputed forward value is also freed as soon as nothing
+  // still needs it: no gradient node after the current demand reads it, and
+  // each forward consumer is present (it is then kept until nothing needs
+  // it either) or needed by no gradient node from here on. So recomputing a
+  // segment holds its values only while they are read: an MLP's matmul and
+  // bias outputs go as soon as the next op has read them.
+  std::int32_t d = -1;
+  auto spent = [&](std::int32_t u) {
+    auto uu = static_cast<std::size_t>(u);
+    if (u > L || !b.present(u) || p.pinned[uu]) return false;
+    if (h[uu] <= d) return true;
+    if (b.next_use(u, d) >= 0) return false;  // a gradient node still reads it
+    for (auto c : p.consumers[uu])
+      if (c <= L && !b.present(c) && h[static_cast<std::size_t>(c)] >= d) return false;
+    return true;
+  };
+  auto free_spent_inputs = [&](std::int32_t t) {
+    for (auto in : p.g.node(t).inputs)
+      if (spent(in)) b.free(in);
+  };
   std::vector<std::int32_t> touched, cand;
-  for (auto d : p.order) {
+  for (auto dd : p.order) {
+    d = dd;
     touched.clear();
-    b.ensure(d, &touched);
+    if (d > L) b.ensure(d, &touched, free_spent_inputs);
+    else b.ensure(d, &touched);
     // Values this demand used or made, and forward values whose horizon this is.
     cand.clear();
     cand.push_back(d);
@@ -235,7 +259,7 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compres
       std::int32_t nu = b.next_use(u, d);
       bool drop;
       if (u > L) drop = nu < 0;                                   // gradient values: after last use
-      else if (d > L) drop = h[uu] <= d;                          // backward: once nothing needs it
+      else if (d > L) drop = spent(u);                            // backward: once nothing needs it
       else if (nu >= 0 && nu <= L) drop = false;                  // forward still reads it
       else drop = !keep[uu] || h[uu] <= d;                        // forward done: keep only what is kept
       if (drop) b.free(u);

@@ -3,6 +3,7 @@
 // node structure, metas and OpDef fields (view, flops, workspace, saves) —
 // never an op by name.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/graph_impl.hpp"
@@ -59,8 +60,11 @@ class Builder {
   void compress(std::int32_t id, DType storage);
   bool compressed(std::int32_t id) const { return compressed_[static_cast<std::size_t>(id)] != 0; }
   // Computes id and, recursively, any absent input (recomputing from the
-  // nearest present values). Appends every node computed to `touched`.
-  void ensure(std::int32_t id, std::vector<std::int32_t>* touched = nullptr);
+  // nearest present values). Appends every node computed to `touched`, and
+  // calls `computed(node)` right after each compute (so a planner can free
+  // values a recomputation no longer needs before the next one runs).
+  void ensure(std::int32_t id, std::vector<std::int32_t>* touched = nullptr,
+              const std::function<void(std::int32_t)>& computed = {});
   // First needed consumer of id with id > after, or -1.
   std::int32_t next_use(std::int32_t id, std::int32_t after);
   Schedule finish();
@@ -81,6 +85,8 @@ class Builder {
 Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32);
 
 Schedule budget(const Problem& p, std::int64_t bytes);
-Schedule optimal_chain(const Problem& p, std::int32_t slots);
+// Revolve on a chain; `grouped`: a step is a run of forward nodes ending at
+// one a gradient node reads (see chain.cpp), else one node per step.
+Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped = false);
 
 }  // namespace ad::planner
