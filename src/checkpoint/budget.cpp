@@ -254,19 +254,16 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
       if ((i + 1) % k == 0) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
     add(keep_set(p, keep));
   }
-  // Keep sets whose gaps widen toward the front (by d nodes per gap): when
-  // backward reverses a segment, every checkpoint in front of it is still
-  // held, so the last segments must be the shortest for the peak to stay
-  // level (an arithmetic version of sqrt(n) spacing).
+  // Keep sets whose gaps widen toward the front (the last gap g, then g +
+  // g/4, g + 2g/4, ...): when backward reverses a segment, every checkpoint
+  // in front of it is still held, so the last segments must be the shortest
+  // for the peak to stay level.
   for (auto g0 : ladder(n)) {
-    if (g0 < 2 || g0 >= n) continue;
-    for (std::int64_t d : {g0 / 8, g0 / 4, g0 / 2}) {
-      if (d < 1) continue;
-      std::vector<char> keep(all.size(), 0);
-      std::int64_t gap = g0;
-      for (std::int64_t i = n - 1 - g0; i >= 0; i -= gap, gap += d) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
-      add(keep_set(p, keep));
-    }
+    if (g0 < 4 || g0 >= n) continue;
+    std::vector<char> keep(all.size(), 0);
+    std::int64_t gap = g0;
+    for (std::int64_t i = n - 1 - g0; i >= 0; i -= gap, gap += g0 / 4) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
+    add(keep_set(p, keep));
   }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
   const std::vector<std::int32_t> low_memory = low_memory_order(p);

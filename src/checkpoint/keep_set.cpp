@@ -48,7 +48,12 @@ Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, con
   ws.assign(n, 0);
   flops.assign(n, 0);
   for (auto x : targets) needed[static_cast<std::size_t>(x)] = target_mask[static_cast<std::size_t>(x)] = 1;
-  for (const auto& s : sinks) needed[static_cast<std::size_t>(s.node)] = sink_mask[static_cast<std::size_t>(s.node)] = 1;
+  sinks_at.assign(n, {});
+  for (std::size_t k = 0; k < sinks.size(); ++k) {
+    auto u = static_cast<std::size_t>(sinks[k].node);
+    needed[u] = sink_mask[u] = 1;
+    sinks_at[u].push_back(static_cast<std::int32_t>(k));
+  }
   for (std::int32_t id = hi; id >= 0; --id) {
     auto u = static_cast<std::size_t>(id);
     const Node& nd = g.node(id);
@@ -138,8 +143,7 @@ void Builder::compute(std::int32_t id) {
     ++s.recomputed_nodes;
     s.recompute_flops += p.flops[u];
   } else if (p.is_sink(id)) {  // accumulated once, right after its first computation
-    for (std::size_t i = 0; i < p.sinks.size(); ++i)
-      if (p.sinks[i].node == id) s.steps.push_back({Step::Kind::accumulate, id, static_cast<std::int32_t>(i)});
+    for (auto k : p.sinks_at[u]) s.steps.push_back({Step::Kind::accumulate, id, k});
   }
   computed_[u] = 1;
   present_[u] = 1;

@@ -46,6 +46,7 @@ struct Problem {
   std::int64_t lower_bound() const;
 
   std::vector<char> target_mask, sink_mask;
+  std::vector<std::vector<std::int32_t>> sinks_at;  // per node: indices of the sinks it feeds
 };
 
 // Builds schedules step by step while tracking which values are present, and
