@@ -142,6 +142,11 @@ TEST_CASE("remat: revolve::steps closed form == recursion, l <= 200, s <= 16") {
         CHECK(j + t[static_cast<std::size_t>(s - 1)][static_cast<std::size_t>(l - j)] +
                   t[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)] ==
               want);
+        // the first optimal split (best_split bisects a convex function)
+        for (std::int64_t k = 1; k < j; ++k)
+          REQUIRE(k + t[static_cast<std::size_t>(s - 1)][static_cast<std::size_t>(l - k)] +
+                      t[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)] >
+                  want);
       }
     }
   // a few by hand: r*l - C(s+r, s+1), r least with C(s+r, s) >= l

@@ -74,6 +74,11 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
     std::vector<ad::Tensor> ref;
     for (const auto& prm : sg.params) ref.push_back(prm.grad().clone());
     clear_values(*sg.loss.graph());
+    // Every plan below is made with the gradients zeroed, as in a training
+    // step, so the policy and the oracle (whose problem was built before any
+    // gradient existed) both write parameter gradients in place.
+    auto zero = [&] { for (const auto& prm : sg.params) prm.zero_grad(); };
+    zero();
     std::int64_t top = ad::plan_backward(sg.loss, ad::policy::keep_all()).schedule.predicted_peak_bytes;
     try {
       Oracle o(p);
@@ -134,6 +139,7 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
           c.note += run_check(sg, r.schedule, r.peak, ref);
         }
         try {
+          zero();
           ad::Plan pl = ad::plan_backward(sg.loss, ad::policy::budget(b));
           c.policy_feasible = true;
           c.policy_rc = pl.schedule.recompute_flops;
