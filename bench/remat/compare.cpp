@@ -79,7 +79,9 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
     // gradient existed) both write parameter gradients in place.
     auto zero = [&] { for (const auto& prm : sg.params) prm.zero_grad(); };
     zero();
-    std::int64_t top = ad::plan_backward(sg.loss, ad::policy::keep_all()).schedule.predicted_peak_bytes;
+    ad::Policy keep = ad::policy::keep_all();
+    keep.reuse_buffers = false;
+    std::int64_t top = ad::plan_backward(sg.loss, keep).schedule.predicted_peak_bytes;
     try {
       Oracle o(p);
       auto t0 = std::chrono::steady_clock::now();
@@ -140,7 +142,9 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
         }
         try {
           zero();
-          ad::Plan pl = ad::plan_backward(sg.loss, ad::policy::budget(b));
+          ad::Policy pol = ad::policy::budget(b);
+          pol.reuse_buffers = false;  // the oracle does not model buffer reuse: compare like with like
+          ad::Plan pl = ad::plan_backward(sg.loss, pol);
           c.policy_feasible = true;
           c.policy_rc = pl.schedule.recompute_flops;
           c.policy_peak = pl.schedule.predicted_peak_bytes;

@@ -35,6 +35,10 @@ struct Policy {
   // and restored to their own dtype when used. f32 = off. Applies to the
   // keep-set policies (keep_all, manual, uniform, sqrt_n, selective).
   DType compress = DType::f32;
+  // Elementwise ops write over an input whose value dies there instead of
+  // allocating (CPU). Lowers the peak, never raises it; off only to compare
+  // with planners that do not model it (bench/remat's exact oracle).
+  bool reuse_buffers = true;
   std::shared_ptr<PlanCache> cache;  // plans reused for graphs of the same structure
   std::string name() const;
   // This policy with activation compression to `storage` (f16 or bf16).

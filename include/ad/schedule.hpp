@@ -18,11 +18,15 @@ namespace ad {
 //   accumulate: add the node's value into sinks[aux].grad();
 //   compress: store the node's value as DType(aux) (f16/bf16), freeing the original;
 //   decompress: restore the value to the node's own dtype.
+//   A compute step with reuse = u >= 0 writes the node's value over input
+//   u's buffer (u's value dies here: the schedule's next step about u frees
+//   it), allocating nothing.
 struct Step {
   enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress };
   Kind kind;
   std::int32_t node;
   std::int32_t aux = -1;
+  std::int32_t reuse = -1;
 };
 
 // What the executor runs. The executor decides nothing: every compute, free

@@ -222,9 +222,10 @@ struct Candidate {
 
 }  // namespace
 
-Schedule budget(const Problem& p, std::int64_t bytes) {
+Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   std::vector<Candidate> cands;
   auto add = [&](Schedule s) {
+    if (reuse) reuse_dying_inputs(p, s);  // each candidate's peak as it will run
     std::int64_t pk = simulate_peak(p.g, s);
     cands.push_back({std::move(s), pk, cands.size()});
   };
@@ -312,6 +313,7 @@ Schedule budget(const Problem& p, std::int64_t bytes) {
   for (std::int64_t lo = lb, hi = best; lo < hi;) {
     std::int64_t mid = lo + (hi - lo) / 2;
     auto s = Dtr(p, mid).run();
+    if (s && reuse) reuse_dying_inputs(p, *s);
     std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
     if (s && pk <= mid) {
       best = std::min(best, pk);

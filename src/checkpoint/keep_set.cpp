@@ -275,4 +275,46 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compres
   return b.finish();
 }
 
+void reuse_dying_inputs(const Problem& p, Schedule& s) {
+  const auto n = static_cast<std::size_t>(p.hi + 1);
+  // can a value of u be overwritten at all?
+  std::vector<char> ok(n, 0);
+  for (auto id : p.order) {
+    auto u = static_cast<std::size_t>(id);
+    const Node& nd = p.g.node(id);
+    if (p.pinned[u] || p.is_sink(id) || op_def(nd.op).view || nd.meta.device.kind != DeviceKind::cpu) continue;
+    bool viewed = false;
+    for (auto c : p.consumers[u]) viewed = viewed || op_def(p.g.node(c).op).view;
+    ok[u] = !viewed;
+  }
+  // walking backwards: for each node, the kind of the next step about it
+  // (a compute that reads it, or a step on the node itself)
+  enum : std::uint8_t { none, read, freed, other };
+  std::vector<std::uint8_t> next(n, none);
+  for (std::size_t i = s.steps.size(); i-- > 0;) {
+    Step& st = s.steps[i];
+    const auto v = static_cast<std::size_t>(st.node);
+    if (st.kind != Step::Kind::compute) {
+      if (v < n) next[v] = st.kind == Step::Kind::free ? freed : other;
+      continue;
+    }
+    const Node& nd = p.g.node(st.node);
+    const OpDef& def = op_def(nd.op);
+    if (st.reuse < 0 && st.aux < 0 && def.overwrites && !def.view && nd.meta.device.kind == DeviceKind::cpu) {
+      for (std::size_t k = 0; k < nd.inputs.size() && k < 8; ++k) {
+        const auto in = nd.inputs[k];
+        const auto u = static_cast<std::size_t>(in);
+        if (!(def.overwrites & (1u << k)) || in == st.node || u >= n || !ok[u] || next[u] != freed) continue;
+        const Meta& m = p.g.node(in).meta;
+        if (!(m.shape == nd.meta.shape) || m.dtype != nd.meta.dtype) continue;
+        st.reuse = in;
+        break;
+      }
+    }
+    for (auto in : nd.inputs)
+      if (static_cast<std::size_t>(in) < n) next[static_cast<std::size_t>(in)] = read;
+    if (v < n) next[v] = other;
+  }
+}
+
 }  // namespace ad::planner

@@ -168,6 +168,7 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   Schedule s;
   if (policy.cache) {
     key = PlanCache::key(g, targets, sinks);
+    key.push_back(policy.reuse_buffers);  // a copy of the policy may switch it
     if (policy.cache->find(key, s)) {
       s.sinks.clear();  // the cached plan's steps, this call's parameters
       for (const auto& sk : sinks) s.sinks.push_back(sk.param);
@@ -178,10 +179,11 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   }
   planner::Problem p(g, targets, sinks);
   switch (policy.kind) {
-    case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes); break;
+    case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes, policy.reuse_buffers); break;
     case Policy::Kind::optimal_chain: s = planner::optimal_chain(p, policy.slots); break;
     default: s = planner::keep_set(p, keep_mask(p, policy), policy.compress); break;
   }
+  if (policy.reuse_buffers) planner::reuse_dying_inputs(p, s);
   s.predicted_peak_bytes = simulate_peak(g, s);
   s.kept_bytes = kept_bytes(p, s);
   if (policy.kind == Policy::Kind::budget) s.budget_bytes = policy.budget_bytes;
@@ -248,7 +250,12 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
             throw Error(fmt::format("simulate_peak: {} needs input {} which holds no value (bad schedule)",
                                     name(st.node), name(in)));
         std::int32_t now;
-        if (st.aux >= 0 && !def.view) {  // written into a parameter's gradient buffer: not the graph's bytes
+        if (st.reuse >= 0 && st.aux < 0 && !def.view && static_cast<std::size_t>(st.reuse) < n &&
+            holds[static_cast<std::size_t>(st.reuse)] >= 0) {
+          // written over the dying input's buffer: its reference moves to this node
+          now = holds[static_cast<std::size_t>(st.reuse)];
+          holds[static_cast<std::size_t>(st.reuse)] = -1;
+        } else if (st.aux >= 0 && !def.view) {  // written into a parameter's gradient buffer: not the graph's bytes
           now = static_cast<std::int32_t>(inst.size());
           inst.push_back({0, 1, false});
         } else if (def.view) {

@@ -85,7 +85,14 @@ class Builder {
 // forward pass and their first use in backward.
 Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32);
 
-Schedule budget(const Problem& p, std::int64_t bytes);
+// Marks compute steps whose output can take over a dying input's buffer
+// (OpDef::overwrites; the schedule's next step about that input frees it;
+// CPU only; never a leaf, target, sink, view or a value some view shares).
+// Lowers the peak or leaves it; never raises it. Idempotent.
+void reuse_dying_inputs(const Problem& p, Schedule& s);
+
+// reuse: candidates' peaks count reuse_dying_inputs (as plan() applies it)
+Schedule budget(const Problem& p, std::int64_t bytes, bool reuse = true);
 // Revolve on a chain; `grouped`: a step is a run of forward nodes ending at
 // one a gradient node reads (see chain.cpp), else one node per step.
 Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped = false);

@@ -69,7 +69,7 @@ class Runner {
         case Step::Kind::compute:
           if (st.aux >= 0 && static_cast<std::size_t>(st.aux) >= s_.sinks.size())
             throw Error(fmt::format("execute: compute step names sink {} of {}", st.aux, s_.sinks.size()));
-          compute(st.node, st.aux);
+          compute(st.node, st.aux, st.reuse);
           break;
         case Step::Kind::free:
           if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
@@ -132,13 +132,23 @@ class Runner {
   // into >= 0: the node is sinks[into]'s gradient; when that parameter's
   // gradient is still writable (absent or zeroed) the kernel writes straight
   // into it, allocating nothing in the graph.
-  void compute(std::int32_t id, std::int32_t into = -1) {
+  // reuse >= 0: write over that input's buffer, whose value dies here (the
+  // planner checked that nothing reads it later); it is dropped right after.
+  void compute(std::int32_t id, std::int32_t into = -1, std::int32_t reuse = -1) {
     Node& nd = g_.node(id);
     const OpDef& def = op_def(nd.op);
     ParamState* dst = nullptr;
     if (into >= 0 && !def.view) {
       ParamState* ps = s_.sinks[static_cast<std::size_t>(into)].state();
       if (ps->grad_writable(nd.meta)) dst = ps;
+    }
+    Tensor* victim = nullptr;
+    if (reuse >= 0 && !dst && !def.view && (def.overwrites != 0) &&
+        std::find(nd.inputs.begin(), nd.inputs.end(), reuse) != nd.inputs.end()) {
+      Tensor& v = g_.node(reuse).value;
+      if (v.defined() && v.storage().use_count() == 1 && v.shape() == nd.meta.shape && v.dtype() == nd.meta.dtype &&
+          v.device() == nd.meta.device && nd.meta.device.kind == DeviceKind::cpu)
+        victim = &v;
     }
     if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));
     const std::size_t guard_mark = protect_.size();
@@ -172,11 +182,13 @@ class Runner {
       for (auto in : nd.inputs) metas_.push_back(&g_.node(in).meta);
       ws_bytes = std::max<std::int64_t>(0, def.workspace(InferArgs{def, metas_, nd.attrs}, nd.meta));
     }
-    if (budget_ > 0) make_room(id, (def.view || dst ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
+    if (budget_ > 0) make_room(id, (def.view || dst || victim ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
     ins_.clear();
     for (auto in : nd.inputs) ins_.push_back(&g_.node(in).value);
     Tensor out;
-    if (dst) {
+    if (victim) {
+      out = *victim;
+    } else if (dst) {
       out = dst->grad.defined() ? dst->grad
                                 : Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, default_allocator(nd.meta.device));
       if (g_.poison_outputs) device::memset(nd.meta.device, out.raw(), 0xff, out.nbytes());
@@ -189,12 +201,13 @@ class Runner {
     KernelArgs a{ins_, out, nd.attrs, nd.meta, ws ? ws->data() : nullptr};
     double t0 = 0;
     if (trace_) {
-      if (!def.view && !dst) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(nd.meta.nbytes()));
+      if (!def.view && !dst && !victim) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(nd.meta.nbytes()));
       if (ws_bytes > 0) event(TraceEvent::Kind::alloc, id, ws_bytes, "workspace");
       mark_live();
       t0 = trace_->now_us();
     }
     kernel(a);
+    if (victim) *victim = Tensor{};  // overwritten: the input's value is gone (its free step is a no-op)
     if (dst) {
       dst->grad = out;
       dst->grad_zero = false;

@@ -130,6 +130,11 @@ struct OpDef {
   double (*flops)(const InferArgs&, const Meta& out) = nullptr;  // nullptr: out.numel()
   std::int64_t (*workspace)(const InferArgs&, const Meta& out) = nullptr;  // bytes; nullptr: 0
   bool view = false;                               // output shares input 0's storage
+  // Inputs (bit i) whose buffer the output may take over when the input's
+  // value dies at this node: elementwise CPU kernels that read element j of
+  // the input before writing element j of the output (out may equal it).
+  // Only inputs with the output's shape, dtype and device qualify.
+  std::uint8_t overwrites = 0;
 };
 
 // An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA

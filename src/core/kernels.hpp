@@ -20,13 +20,17 @@ template <class F> decltype(auto) dispatch_float(DType t, const char* op, F&& f)
   kernel_fail(op, fmt::format("no CPU kernel for dtype {}", dtype_name(t)));
 }
 
-// Applies out[i] = f(x[i]) over n elements.
-template <class T, class F> AD_VEC void map1(const T* __restrict x, T* __restrict y, std::int64_t n, F f) {
+// Applies out[i] = f(x[i]) over n elements. y may equal x (an op writing
+// over a dying input: element i is read before it is written); other
+// overlaps are not allowed. No __restrict: GCC's run-time overlap check
+// lets the equal case through to the vector loop.
+template <class T, class F> AD_VEC void map1(const T* x, T* y, std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 // out[i] = f(a[i], b[i]).
+// y may equal a or b, as for map1.
 template <class T, class F>
-AD_VEC void map2(const T* __restrict a, const T* __restrict b, T* __restrict y, std::int64_t n, F f) {
+AD_VEC void map2(const T* a, const T* b, T* y, std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
 }
 

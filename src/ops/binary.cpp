@@ -41,7 +41,7 @@ void add_bwd(BackwardArgs& a) {
   if (a.needs[1]) a.grad[1] = unbroadcast(a.dout, a.in[1]);
 }
 const OpDef op_def_add{.name = "add", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = add_cpu, .cuda = AD_CUDA_FN(add_cuda),
-                       .backward = add_bwd};
+                       .backward = add_bwd, .overwrites = 0b11};
 Var add(const Operand& a, const Operand& b) { return make_node(OpId::add, {a, b}); }
 
 // ---- sub ----  d/da = 1, d/db = -1
@@ -52,7 +52,7 @@ void sub_bwd(BackwardArgs& a) {
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(a.dout), a.in[1]);
 }
 const OpDef op_def_sub{.name = "sub", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = sub_cpu, .cuda = AD_CUDA_FN(sub_cuda),
-                       .backward = sub_bwd};
+                       .backward = sub_bwd, .overwrites = 0b11};
 Var sub(const Operand& a, const Operand& b) { return make_node(OpId::sub, {a, b}); }
 
 // ---- mul ----  d/da = b, d/db = a; saves both inputs
@@ -63,7 +63,7 @@ void mul_bwd(BackwardArgs& a) {
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, a.in[0]), a.in[1]);
 }
 const OpDef op_def_mul{.name = "mul", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = mul_cpu, .cuda = AD_CUDA_FN(mul_cuda),
-                       .backward = mul_bwd, .saves = saves_input(0) | saves_input(1)};
+                       .backward = mul_bwd, .saves = saves_input(0) | saves_input(1), .overwrites = 0b11};
 Var mul(const Operand& a, const Operand& b) { return make_node(OpId::mul, {a, b}); }
 
 // ---- div ----  y = a/b; d/da = 1/b, d/db = -y/b; saves b and output
@@ -74,7 +74,7 @@ void div_bwd(BackwardArgs& a) {
   if (a.needs[1]) a.grad[1] = unbroadcast(neg(div(mul(a.dout, a.out), a.in[1])), a.in[1]);
 }
 const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = div_cpu, .cuda = AD_CUDA_FN(div_cuda),
-                       .backward = div_bwd, .saves = saves_input(1) | kSavesOutput};
+                       .backward = div_bwd, .saves = saves_input(1) | kSavesOutput, .overwrites = 0b11};
 Var div(const Operand& a, const Operand& b) { return make_node(OpId::div, {a, b}); }
 
 // ---- pow ----  y = a^b; d/da = b a^(b-1), d/db = y log a (defined for a > 0)
@@ -85,7 +85,7 @@ void pow_bwd(BackwardArgs& a) {
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, mul(a.out, log(a.in[0]))), a.in[1]);
 }
 const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = pow_cpu, .cuda = AD_CUDA_FN(pow_cuda),
-                       .backward = pow_bwd, .saves = saves_input(0) | saves_input(1) | kSavesOutput};
+                       .backward = pow_bwd, .saves = saves_input(0) | saves_input(1) | kSavesOutput, .overwrites = 0b11};
 Var pow(const Operand& a, const Operand& b) { return make_node(OpId::pow, {a, b}); }
 
 }  // namespace ad

@@ -46,7 +46,7 @@ constexpr const char* kDoubleBackward = "double backward is not supported";
 void neg_cpu(const KernelArgs& k) { unary(k, "neg", pw::Neg{}); }
 AD_CUDA_ONLY(void neg_cuda(const KernelArgs& k) { unary_cuda(k, pw::Neg{}); })
 void neg_bwd(BackwardArgs& a) { a.grad[0] = neg(a.dout); }
-const OpDef op_def_neg{.name = "neg", .args = "x", .arity = 1, .infer = infer_float1, .cpu = neg_cpu, .cuda = AD_CUDA_FN(neg_cuda), .backward = neg_bwd};
+const OpDef op_def_neg{.name = "neg", .args = "x", .arity = 1, .infer = infer_float1, .cpu = neg_cpu, .cuda = AD_CUDA_FN(neg_cuda), .backward = neg_bwd, .overwrites = 0b01};
 Var neg(const Operand& x) { return un(OpId::neg, x); }
 
 // ---- exp ----  d/dx e^x = e^x; saves output
@@ -54,7 +54,7 @@ void exp_cpu(const KernelArgs& k) { unary(k, "exp", pw::Exp{}); }
 AD_CUDA_ONLY(void exp_cuda(const KernelArgs& k) { unary_cuda(k, pw::Exp{}); })
 void exp_bwd(BackwardArgs& a) { a.grad[0] = mul(a.dout, a.out); }
 const OpDef op_def_exp{.name = "exp", .args = "x", .arity = 1, .infer = infer_float1, .cpu = exp_cpu, .cuda = AD_CUDA_FN(exp_cuda),
-                       .backward = exp_bwd, .saves = kSavesOutput};
+                       .backward = exp_bwd, .saves = kSavesOutput, .overwrites = 0b01};
 Var exp(const Operand& x) { return un(OpId::exp, x); }
 
 // ---- log ----  d/dx log x = 1/x; saves input
@@ -62,7 +62,7 @@ void log_cpu(const KernelArgs& k) { unary(k, "log", pw::Log{}); }
 AD_CUDA_ONLY(void log_cuda(const KernelArgs& k) { unary_cuda(k, pw::Log{}); })
 void log_bwd(BackwardArgs& a) { a.grad[0] = div(a.dout, a.in[0]); }
 const OpDef op_def_log{.name = "log", .args = "x", .arity = 1, .infer = infer_float1, .cpu = log_cpu, .cuda = AD_CUDA_FN(log_cuda),
-                       .backward = log_bwd, .saves = saves_input(0)};
+                       .backward = log_bwd, .saves = saves_input(0), .overwrites = 0b01};
 Var log(const Operand& x) { return un(OpId::log, x); }
 
 // ---- sqrt ----  d/dx sqrt x = 1/(2 sqrt x); saves output
@@ -70,7 +70,7 @@ void sqrt_cpu(const KernelArgs& k) { unary(k, "sqrt", pw::Sqrt{}); }
 AD_CUDA_ONLY(void sqrt_cuda(const KernelArgs& k) { unary_cuda(k, pw::Sqrt{}); })
 void sqrt_bwd(BackwardArgs& a) { a.grad[0] = mul_scalar(div(a.dout, a.out), 0.5); }
 const OpDef op_def_sqrt{.name = "sqrt", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sqrt_cpu, .cuda = AD_CUDA_FN(sqrt_cuda),
-                        .backward = sqrt_bwd, .saves = kSavesOutput};
+                        .backward = sqrt_bwd, .saves = kSavesOutput, .overwrites = 0b01};
 Var sqrt(const Operand& x) { return un(OpId::sqrt, x); }
 
 // ---- abs ----  d/dx |x| = sign(x) (0 at 0); saves input
@@ -78,7 +78,7 @@ void abs_cpu(const KernelArgs& k) { unary(k, "abs", pw::Abs{}); }
 AD_CUDA_ONLY(void abs_cuda(const KernelArgs& k) { unary_cuda(k, pw::Abs{}); })
 void abs_bwd(BackwardArgs& a) { a.grad[0] = mul(a.dout, sign(a.in[0])); }
 const OpDef op_def_abs{.name = "abs", .args = "x", .arity = 1, .infer = infer_float1, .cpu = abs_cpu, .cuda = AD_CUDA_FN(abs_cuda),
-                       .backward = abs_bwd, .saves = saves_input(0)};
+                       .backward = abs_bwd, .saves = saves_input(0), .overwrites = 0b01};
 Var abs(const Operand& x) { return un(OpId::abs, x); }
 
 // ---- sign ----  piecewise constant: gradient 0 everywhere it is defined
@@ -88,7 +88,7 @@ void sign_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void sign_cuda(const KernelArgs& k) { unary_cuda(k, pw::Sign{}); })
 void sign_bwd(BackwardArgs&) {}  // zero gradient
 const OpDef op_def_sign{.name = "sign", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sign_cpu, .cuda = AD_CUDA_FN(sign_cuda),
-                        .backward = sign_bwd};
+                        .backward = sign_bwd, .overwrites = 0b01};
 Var sign(const Operand& x) { return un(OpId::sign, x); }
 
 // ---- tanh ----  d/dx tanh = 1 - y^2; saves output
@@ -96,7 +96,7 @@ void tanh_cpu(const KernelArgs& k) { unary(k, "tanh", pw::Tanh{}); }
 AD_CUDA_ONLY(void tanh_cuda(const KernelArgs& k) { unary_cuda(k, pw::Tanh{}); })
 void tanh_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::tanh_backward, {a.out, a.dout}); }
 const OpDef op_def_tanh{.name = "tanh", .args = "x", .arity = 1, .infer = infer_float1, .cpu = tanh_cpu, .cuda = AD_CUDA_FN(tanh_cuda),
-                        .backward = tanh_bwd, .saves = kSavesOutput};
+                        .backward = tanh_bwd, .saves = kSavesOutput, .overwrites = 0b01};
 Var tanh(const Operand& x) { return un(OpId::tanh, x); }
 // (y, dy) -> dy (1 - y^2)
 void tanh_backward_cpu(const KernelArgs& k) {
@@ -104,14 +104,14 @@ void tanh_backward_cpu(const KernelArgs& k) {
 }
 AD_CUDA_ONLY(void tanh_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::TanhBackward{}); })
 const OpDef op_def_tanh_backward{.name = "tanh_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = tanh_backward_cpu, .cuda = AD_CUDA_FN(tanh_backward_cuda), .no_grad = kDoubleBackward};
+                                 .cpu = tanh_backward_cpu, .cuda = AD_CUDA_FN(tanh_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
 
 // ---- sigmoid ----  d/dx s = s (1 - s); saves output
 void sigmoid_cpu(const KernelArgs& k) { unary(k, "sigmoid", pw::Sigmoid{}); }
 AD_CUDA_ONLY(void sigmoid_cuda(const KernelArgs& k) { unary_cuda(k, pw::Sigmoid{}); })
 void sigmoid_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::sigmoid_backward, {a.out, a.dout}); }
 const OpDef op_def_sigmoid{.name = "sigmoid", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sigmoid_cpu, .cuda = AD_CUDA_FN(sigmoid_cuda),
-                           .backward = sigmoid_bwd, .saves = kSavesOutput};
+                           .backward = sigmoid_bwd, .saves = kSavesOutput, .overwrites = 0b01};
 Var sigmoid(const Operand& x) { return un(OpId::sigmoid, x); }
 // (y, dy) -> dy y (1 - y)
 void sigmoid_backward_cpu(const KernelArgs& k) {
@@ -120,7 +120,7 @@ void sigmoid_backward_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void sigmoid_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::SigmoidBackward{}); })
 const OpDef op_def_sigmoid_backward{.name = "sigmoid_backward", .args = "y,dy", .arity = 2,
                                     .infer = infer_float2_same, .cpu = sigmoid_backward_cpu, .cuda = AD_CUDA_FN(sigmoid_backward_cuda),
-                                    .no_grad = kDoubleBackward};
+                                    .no_grad = kDoubleBackward, .overwrites = 0b11};
 
 // ---- relu ----  d/dx = [x > 0] = [y > 0]; saves output
 void relu_cpu(const KernelArgs& k) {
@@ -129,7 +129,7 @@ void relu_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void relu_cuda(const KernelArgs& k) { unary_cuda(k, pw::Relu{}); })
 void relu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::relu_backward, {a.out, a.dout}); }
 const OpDef op_def_relu{.name = "relu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = relu_cpu, .cuda = AD_CUDA_FN(relu_cuda),
-                        .backward = relu_bwd, .saves = kSavesOutput};
+                        .backward = relu_bwd, .saves = kSavesOutput, .overwrites = 0b01};
 Var relu(const Operand& x) { return un(OpId::relu, x); }
 // (y, dy) -> dy [y > 0]
 void relu_backward_cpu(const KernelArgs& k) {
@@ -137,35 +137,35 @@ void relu_backward_cpu(const KernelArgs& k) {
 }
 AD_CUDA_ONLY(void relu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::ReluBackward{}); })
 const OpDef op_def_relu_backward{.name = "relu_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = relu_backward_cpu, .cuda = AD_CUDA_FN(relu_backward_cuda), .no_grad = kDoubleBackward};
+                                 .cpu = relu_backward_cpu, .cuda = AD_CUDA_FN(relu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
 
 // ---- gelu ----  x Phi(x); d/dx = Phi(x) + x phi(x); saves input
 void gelu_cpu(const KernelArgs& k) { unary(k, "gelu", pw::Gelu{}); }
 AD_CUDA_ONLY(void gelu_cuda(const KernelArgs& k) { unary_cuda(k, pw::Gelu{}); })
 void gelu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::gelu_backward, {a.in[0], a.dout}); }
 const OpDef op_def_gelu{.name = "gelu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = gelu_cpu, .cuda = AD_CUDA_FN(gelu_cuda),
-                        .backward = gelu_bwd, .saves = saves_input(0)};
+                        .backward = gelu_bwd, .saves = saves_input(0), .overwrites = 0b01};
 Var gelu(const Operand& x) { return un(OpId::gelu, x); }
 void gelu_backward_cpu(const KernelArgs& k) {
   binary_same(k, "gelu_backward", pw::GeluBackward{});
 }
 AD_CUDA_ONLY(void gelu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::GeluBackward{}); })
 const OpDef op_def_gelu_backward{.name = "gelu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = gelu_backward_cpu, .cuda = AD_CUDA_FN(gelu_backward_cuda), .no_grad = kDoubleBackward};
+                                 .cpu = gelu_backward_cpu, .cuda = AD_CUDA_FN(gelu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
 
 // ---- silu ----  x s(x); d/dx = s (1 + x (1 - s)); saves input
 void silu_cpu(const KernelArgs& k) { unary(k, "silu", pw::Silu{}); }
 AD_CUDA_ONLY(void silu_cuda(const KernelArgs& k) { unary_cuda(k, pw::Silu{}); })
 void silu_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::silu_backward, {a.in[0], a.dout}); }
 const OpDef op_def_silu{.name = "silu", .args = "x", .arity = 1, .infer = infer_float1, .cpu = silu_cpu, .cuda = AD_CUDA_FN(silu_cuda),
-                        .backward = silu_bwd, .saves = saves_input(0)};
+                        .backward = silu_bwd, .saves = saves_input(0), .overwrites = 0b01};
 Var silu(const Operand& x) { return un(OpId::silu, x); }
 void silu_backward_cpu(const KernelArgs& k) {
   binary_same(k, "silu_backward", pw::SiluBackward{});
 }
 AD_CUDA_ONLY(void silu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::SiluBackward{}); })
 const OpDef op_def_silu_backward{.name = "silu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = silu_backward_cpu, .cuda = AD_CUDA_FN(silu_backward_cuda), .no_grad = kDoubleBackward};
+                                 .cpu = silu_backward_cpu, .cuda = AD_CUDA_FN(silu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
 
 // ---- add_scalar ----  x + s; d/dx = 1
 void add_scalar_cpu(const KernelArgs& k) {
@@ -175,7 +175,7 @@ void add_scalar_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void add_scalar_cuda(const KernelArgs& k) { unary_cuda(k, pw::AddScalar{k.attrs.scalar}); })
 void add_scalar_bwd(BackwardArgs& a) { a.grad[0] = a.dout; }
 const OpDef op_def_add_scalar{.name = "add_scalar", .args = "x", .arity = 1, .infer = infer_float1,
-                              .cpu = add_scalar_cpu, .cuda = AD_CUDA_FN(add_scalar_cuda), .backward = add_scalar_bwd};
+                              .cpu = add_scalar_cpu, .cuda = AD_CUDA_FN(add_scalar_cuda), .backward = add_scalar_bwd, .overwrites = 0b01};
 Var add_scalar(const Operand& x, double s) { return un_s(OpId::add_scalar, x, s); }
 
 // ---- mul_scalar ----  x s; d/dx = s
@@ -186,7 +186,7 @@ void mul_scalar_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void mul_scalar_cuda(const KernelArgs& k) { unary_cuda(k, pw::MulScalar{k.attrs.scalar}); })
 void mul_scalar_bwd(BackwardArgs& a) { a.grad[0] = mul_scalar(a.dout, a.attrs.scalar); }
 const OpDef op_def_mul_scalar{.name = "mul_scalar", .args = "x", .arity = 1, .infer = infer_float1,
-                              .cpu = mul_scalar_cpu, .cuda = AD_CUDA_FN(mul_scalar_cuda), .backward = mul_scalar_bwd};
+                              .cpu = mul_scalar_cpu, .cuda = AD_CUDA_FN(mul_scalar_cuda), .backward = mul_scalar_bwd, .overwrites = 0b01};
 Var mul_scalar(const Operand& x, double s) { return un_s(OpId::mul_scalar, x, s); }
 
 // ---- rsub_scalar ----  s - x; d/dx = -1
@@ -197,7 +197,7 @@ void rsub_scalar_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void rsub_scalar_cuda(const KernelArgs& k) { unary_cuda(k, pw::RsubScalar{k.attrs.scalar}); })
 void rsub_scalar_bwd(BackwardArgs& a) { a.grad[0] = neg(a.dout); }
 const OpDef op_def_rsub_scalar{.name = "rsub_scalar", .args = "x", .arity = 1, .infer = infer_float1,
-                               .cpu = rsub_scalar_cpu, .cuda = AD_CUDA_FN(rsub_scalar_cuda), .backward = rsub_scalar_bwd};
+                               .cpu = rsub_scalar_cpu, .cuda = AD_CUDA_FN(rsub_scalar_cuda), .backward = rsub_scalar_bwd, .overwrites = 0b01};
 Var rsub_scalar(const Operand& x, double s) { return un_s(OpId::rsub_scalar, x, s); }
 
 // ---- rdiv_scalar ----  y = s / x; d/dx = -s/x^2 = -y/x; saves input and output
@@ -209,7 +209,7 @@ AD_CUDA_ONLY(void rdiv_scalar_cuda(const KernelArgs& k) { unary_cuda(k, pw::Rdiv
 void rdiv_scalar_bwd(BackwardArgs& a) { a.grad[0] = neg(div(mul(a.dout, a.out), a.in[0])); }
 const OpDef op_def_rdiv_scalar{.name = "rdiv_scalar", .args = "x", .arity = 1, .infer = infer_float1,
                                .cpu = rdiv_scalar_cpu, .cuda = AD_CUDA_FN(rdiv_scalar_cuda), .backward = rdiv_scalar_bwd,
-                               .saves = saves_input(0) | kSavesOutput};
+                               .saves = saves_input(0) | kSavesOutput, .overwrites = 0b01};
 Var rdiv_scalar(const Operand& x, double s) { return un_s(OpId::rdiv_scalar, x, s); }
 
 // ---- pow_scalar ----  x^p; d/dx = p x^(p-1); saves input
@@ -225,7 +225,7 @@ void pow_scalar_bwd(BackwardArgs& a) {
   a.grad[0] = mul(a.dout, mul_scalar(pow_scalar(a.in[0], p - 1.0), p));
 }
 const OpDef op_def_pow_scalar{.name = "pow_scalar", .args = "x", .arity = 1, .infer = infer_float1,
-                              .cpu = pow_scalar_cpu, .cuda = AD_CUDA_FN(pow_scalar_cuda), .backward = pow_scalar_bwd, .saves = saves_input(0)};
+                              .cpu = pow_scalar_cpu, .cuda = AD_CUDA_FN(pow_scalar_cuda), .backward = pow_scalar_bwd, .saves = saves_input(0), .overwrites = 0b01};
 Var pow_scalar(const Operand& x, double p) { return un_s(OpId::pow_scalar, x, p); }
 
 // ---- cast ----  f32/f64/f16/bf16 -> f32/f64/f16/bf16; gradient cast back
