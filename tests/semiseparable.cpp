@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <complex>
 #include <limits>
 #include <string>
 #include <vector>
@@ -401,6 +402,168 @@ TEST_CASE("tridiag_resolvent_diag is finite at N = 10^6 where theta_N overflows"
   CHECK(all_finite(eval(grad(sum(G2), {dv})[0])));
 }
 
+namespace {
+using cplx = std::complex<double>;
+// The full inverse of T - zI (N x N, row-major) by Gaussian elimination with
+// partial pivoting on the dense complex matrix.
+std::vector<cplx> dense_complex_inverse(const Tensor& d, const Tensor& up, const Tensor& lo, cplx z) {
+  i64 N = d.numel();
+  auto t = dense_t(d, up, lo);
+  auto at = [N](std::vector<cplx>& m, i64 i, i64 j) -> cplx& { return m[static_cast<std::size_t>(i * N + j)]; };
+  std::vector<cplx> A(t.begin(), t.end()), X(static_cast<std::size_t>(N * N), 0.0);
+  for (i64 i = 0; i < N; ++i) { at(A, i, i) -= z; at(X, i, i) = 1.0; }
+  for (i64 c = 0; c < N; ++c) {
+    i64 p = c;
+    for (i64 i = c + 1; i < N; ++i) if (std::abs(at(A, i, c)) > std::abs(at(A, p, c))) p = i;
+    for (i64 j = 0; j < N; ++j) { std::swap(at(A, c, j), at(A, p, j)); std::swap(at(X, c, j), at(X, p, j)); }
+    for (i64 i = c + 1; i < N; ++i) {
+      cplx f = at(A, i, c) / at(A, c, c);
+      if (f == 0.0) continue;
+      for (i64 j = c; j < N; ++j) at(A, i, j) -= f * at(A, c, j);
+      for (i64 j = 0; j < N; ++j) at(X, i, j) -= f * at(X, c, j);
+    }
+  }
+  for (i64 c = N - 1; c >= 0; --c)
+    for (i64 j = 0; j < N; ++j) {
+      cplx v = at(X, c, j);
+      for (i64 k = c + 1; k < N; ++k) v -= at(A, c, k) * at(X, k, j);
+      at(X, c, j) = v / at(A, c, c);
+    }
+  return X;
+}
+}  // namespace
+
+TEST_CASE("tridiag_resolvent_diag_complex matches a dense complex inverse, forward and gradients") {
+  Rng rng(81);
+  const std::vector<double> zs{0.1, 0.3, -0.7, -1.2, 2.5, 0.05};  // three shifts (re, im)
+  for (i64 N : {1, 2, 30, 200}) {
+    Tensor d = randn64({N}, rng, 0.0, 2.0), up = randn64({N - 1}, rng), lo = randn64({N - 1}, rng);
+    Graph g;
+    std::vector<Var> in{g.input(d), g.input(up), g.input(lo), g.input(f64s(zs, {3, 2}))};
+    Var G = tridiag_resolvent_diag_complex(in[0], in[1], in[2], in[3]);
+    CHECK(G.shape() == Shape{3, N, 2});
+    auto got = eval(G).to_vector();
+    Tensor w = randn64({3, N, 2}, rng);
+    auto gr = grad(sum(mul(G, g.input(w))), in);
+    auto wv = w.to_vector();
+    std::vector<double> dd(static_cast<std::size_t>(N), 0.0), dup(static_cast<std::size_t>(N - 1), 0.0),
+        dlo(dup.size(), 0.0), dz;
+    for (i64 k = 0; k < 3; ++k) {
+      INFO("N " << N << " shift " << k);
+      cplx z(zs[static_cast<std::size_t>(2 * k)], zs[static_cast<std::size_t>(2 * k + 1)]);
+      auto X = dense_complex_inverse(d, up, lo, z);
+      auto x = [&](i64 i, i64 j) { return X[static_cast<std::size_t>(i * N + j)]; };
+      std::vector<double> want, have(got.begin() + 2 * k * N, got.begin() + 2 * (k + 1) * N);
+      for (i64 i = 0; i < N; ++i) { want.push_back(x(i, i).real()); want.push_back(x(i, i).imag()); }
+      check_close(have, want, 1e-10, "G");
+      // dG_ii = -G_ij G_ki dT_jk and dG_ii / dz = (G^2)_ii; with gbar_i = w_re - i w_im,
+      // dL/dT_jk = Re sum_i gbar_i (-G_ij G_ki), dL/dRe z = Re s, dL/dIm z = -Im s, s = sum_i gbar_i (G^2)_ii.
+      cplx s = 0;
+      for (i64 i = 0; i < N; ++i) {
+        cplx gbar(wv[static_cast<std::size_t>(2 * (k * N + i))], -wv[static_cast<std::size_t>(2 * (k * N + i) + 1)]);
+        for (i64 j = 0; j < N; ++j) {
+          s += gbar * x(i, j) * x(j, i);
+          dd[static_cast<std::size_t>(j)] -= (gbar * x(i, j) * x(j, i)).real();
+          if (j + 1 < N) {
+            dup[static_cast<std::size_t>(j)] -= (gbar * x(i, j) * x(j + 1, i)).real();
+            dlo[static_cast<std::size_t>(j)] -= (gbar * x(i, j + 1) * x(j, i)).real();
+          }
+        }
+      }
+      dz.push_back(s.real());
+      dz.push_back(-s.imag());
+    }
+    check_close(eval(gr[0]).to_vector(), dd, 1e-10, "dt_diag");
+    check_close(eval(gr[3]).to_vector(), dz, 1e-10, "dz");
+    if (N > 1) {
+      check_close(eval(gr[1]).to_vector(), dup, 1e-10, "dt_upper");
+      check_close(eval(gr[2]).to_vector(), dlo, 1e-10, "dt_lower");
+    }
+    CHECK(count_op(G, OpId::tridiag_resolvent_diag_complex_backward) == 1);
+    // a single shift (2) gives (N, 2), the same values as row 0
+    Var g1 = tridiag_resolvent_diag_complex(in[0], in[1], in[2], g.input(f64s({0.1, 0.3}, {2})));
+    CHECK(g1.shape() == Shape{N, 2});
+    CHECK(max_abs_diff(eval(g1), eval(G).view(0, {N, 2})) == 0.0);
+  }
+}
+
+TEST_CASE("tridiag_resolvent_diag_complex with Im z -> 0 is the real op") {
+  Rng rng(82);
+  const i64 N = 300;
+  Tensor d = randn64({N}, rng, 0.0, 2.0), up = randn64({N - 1}, rng), lo = randn64({N - 1}, rng);
+  const double x = 0.37;
+  Graph g;
+  std::vector<Var> in{g.input(d), g.input(up), g.input(lo)};
+  Var zr = g.input(f64s({x}, {1}).reshape({}));
+  Var gr = tridiag_resolvent_diag(in[0], in[1], in[2], zr);
+  auto real = eval(gr).to_vector();
+  for (double y : {0.0, 1e-13, -1e-13}) {
+    INFO("Im z " << y);
+    Var zc = g.input(f64s({x, y}, {2}));
+    Var gc = tridiag_resolvent_diag_complex(in[0], in[1], in[2], zc);
+    auto c = eval(gc).to_vector();
+    std::vector<double> re, im;
+    for (i64 i = 0; i < N; ++i) { re.push_back(c[static_cast<std::size_t>(2 * i)]); im.push_back(c[static_cast<std::size_t>(2 * i + 1)]); }
+    if (y == 0.0) {
+      CHECK(re == real);  // bit for bit
+      for (double v : im) CHECK(v == 0.0);
+    } else {
+      check_close(re, real, 1e-9, "re");
+    }
+    // gradients through the real parts only: those of the real op
+    auto w = randn64({N}, rng);
+    auto wc = Tensor::zeros({N, 2}, DType::f64);
+    for (i64 i = 0; i < N; ++i) wc.data<double>()[2 * i] = w.to_vector()[static_cast<std::size_t>(i)];
+    auto g_real = grad(sum(mul(gr, g.input(w))), {in[0], in[1], in[2], zr});
+    auto g_cplx = grad(sum(mul(gc, g.input(wc))), {in[0], in[1], in[2], zc});
+    for (std::size_t i = 0; i < 3; ++i) check_close(eval(g_cplx[i]).to_vector(), eval(g_real[i]).to_vector(), 1e-9, "dT");
+    CHECK(eval(g_cplx[3]).to_vector()[0] == doctest::Approx(eval(g_real[3]).item()).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("tridiag_resolvent_diag_complex is finite at N = 10^6") {
+  const i64 N = 1000000;
+  Rng rng(83);
+  // dominant T (theta_N overflows): interior rows against a dense window inverse, as for the real op
+  Tensor d = uniform64({N}, rng, 4.0, 5.0), up = uniform64({N - 1}, rng, -1, 1), lo = uniform64({N - 1}, rng, -1, 1);
+  const cplx z(0.5, 0.8);
+  Graph g;
+  std::vector<Var> in{g.input(d), g.input(up), g.input(lo), g.input(f64s({z.real(), z.imag()}, {2}))};
+  Var G = tridiag_resolvent_diag_complex(in[0], in[1], in[2], in[3]);
+  Tensor gv = eval(G);
+  CHECK(all_finite(gv));
+  const double* pg = gv.data<double>();
+  for (i64 c : {i64{30}, N / 2, N - 31}) {
+    const i64 W = 30;
+    auto X = dense_complex_inverse(d.view(c - W, {2 * W + 1}), up.view(c - W, {2 * W}), lo.view(c - W, {2 * W}), z);
+    cplx want = X[static_cast<std::size_t>(W * (2 * W + 1) + W)];
+    CHECK(std::abs(cplx(pg[2 * c], pg[2 * c + 1]) - want) <= 1e-12 * std::abs(want));
+  }
+  for (const Var& v : grad(sum(G), in)) CHECK(all_finite(eval(v)));
+  // T far from dominant (spectrum real: e_i > 0), |z| moderate: the minors grow and shrink by
+  // turns, the ratios stay finite
+  Tensor d2 = randn64({N}, rng), up2 = uniform64({N - 1}, rng, 0.2, 1), lo2 = uniform64({N - 1}, rng, 0.2, 1);
+  Graph g2;
+  std::vector<Var> in2{g2.input(d2), g2.input(up2), g2.input(lo2), g2.input(f64s({0.2, 0.5, -1.5, 0.1}, {2, 2}))};
+  Var G2 = tridiag_resolvent_diag_complex(in2[0], in2[1], in2[2], in2[3]);
+  CHECK(all_finite(eval(G2)));
+  for (const Var& v : grad(sum(G2), in2)) CHECK(all_finite(eval(v)));
+}
+
+TEST_CASE("tridiag_resolvent_diag_complex at an eigenvalue is infinite, as the real op") {
+  auto f = [](std::vector<double> v) { return f64s(v, {static_cast<i64>(v.size())}); };
+  Graph g;
+  // T = [[2, 1], [1, 2]], eigenvalues 1 and 3: both ops give +inf (no error)
+  Var d = g.input(f({2, 2})), up = g.input(f({1})), lo = g.input(f({1}));
+  auto real = eval(tridiag_resolvent_diag(d, up, lo, g.input(f64s({1.0}, {1}).reshape({})))).to_vector();
+  auto c = eval(tridiag_resolvent_diag_complex(d, up, lo, g.input(f({1.0, 0.0})))).to_vector();
+  CHECK(real == std::vector<double>{INFINITY, INFINITY});
+  CHECK(c == std::vector<double>{INFINITY, 0.0, INFINITY, 0.0});
+  // T = [[0, 1], [-1, 0]], eigenvalues +-i: z = i gives (+inf, 0) too, never NaN
+  Var rot = tridiag_resolvent_diag_complex(g.input(f({0, 0})), up, g.input(f({-1})), g.input(f({0.0, 1.0})));
+  CHECK(eval(rot).to_vector() == std::vector<double>{INFINITY, 0.0, INFINITY, 0.0});
+}
+
 TEST_CASE("semiseparable_solve matches a dense solve, forward and gradients") {
   Rng rng(78);
   struct C { i64 B, N, D, r, chunk; };
@@ -453,7 +616,8 @@ TEST_CASE("semiseparable ops: predicted peak equals measured peak under keep_all
     Var h = semiseparable_matvec(g.input(s.x), pd, up, plo, pu, pv, true);
     Var y = semiseparable_solve(tanh(h), pd, up, plo, pu, pv);
     Var z = tridiag_solve(pd, up, plo, y);
-    Var loss = sum(mul(z, z)) + sum(tridiag_resolvent_diag(pd, up, plo, g.input(f64s({0.2, 0.4}, {2}))));
+    Var loss = sum(mul(z, z)) + sum(tridiag_resolvent_diag(pd, up, plo, g.input(f64s({0.2, 0.4}, {2})))) +
+               sum(tridiag_resolvent_diag_complex(pd, up, plo, g.input(f64s({0.2, 0.1, 0.4, -0.3}, {2, 2}))));
     Report r = backward(loss, pol == 0 ? policy::keep_all() : policy::budget(400_KiB));
     CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
     CHECK(pu.has_grad());
@@ -492,6 +656,15 @@ TEST_CASE("semiseparable misuse: shapes, dtypes, singular systems") {
   expect([&] { tridiag_solve(d, in({3}), lo, in({5})); }, {"tridiag_solve", "t_upper f32[3]"});
   expect([&] { tridiag_solve(d, up, lo, in({5}, DType::f64)); }, {"tridiag_solve", "dtype mismatch"});
   expect([&] { tridiag_resolvent_diag(d, up, lo, in({2, 2})); }, {"tridiag_resolvent_diag", "z must be", "z f32[2,2]"});
+  for (const Shape& z : {Shape{3}, Shape{}, Shape{4, 3}, Shape{2, 2, 2}})
+    expect([&] { tridiag_resolvent_diag_complex(d, up, lo, in(z)); },
+           {"tridiag_resolvent_diag_complex", "z must be (2) or (K, 2)", "z f32" + z.str()});
+  expect([&] { tridiag_resolvent_diag_complex(d, up, lo, in({2}, DType::f64)); },
+         {"tridiag_resolvent_diag_complex", "dtype mismatch", "z f64[2]"});
+  expect([&] { tridiag_resolvent_diag_complex(d, up, lo, g.input(Tensor::zeros({2}, DType::i64))); },
+         {"tridiag_resolvent_diag_complex", "z must be f32 or f64"});
+  expect([&] { tridiag_resolvent_diag_complex(d, in({3}), lo, in({3, 2})); },
+         {"tridiag_resolvent_diag_complex", "t_upper and t_lower", "t_upper f32[3]"});
   // zero pivots, at run time, naming the op and the row
   auto ones = [](i64 n) { return Tensor::full({n}, 1.0, DType::f64); };
   {
@@ -556,6 +729,13 @@ void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
     out.push_back({OpId::tridiag_resolvent_diag, fmt::format("N {} z {}", N, zs.str()),
                    {randn64({N}, rng, 2.5), randn64({N - 1}, rng, 0, 0.7), randn64({N - 1}, rng, 0, 0.7), z},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag(v[0], v[1], v[2], v[3]); }});
+  }
+  const std::pair<i64, Shape> cs[] = {{6, Shape{2}}, {5, Shape{3, 2}}, {1, Shape{2}}, {8, Shape{2, 2}}};
+  for (const auto& [N, zs] : cs) {
+    Tensor z = uniform64(zs, rng, -0.5, 0.5);
+    out.push_back({OpId::tridiag_resolvent_diag_complex, fmt::format("N {} z {}", N, zs.str()),
+                   {randn64({N}, rng, 2.5), randn64({N - 1}, rng, 0, 0.7), randn64({N - 1}, rng, 0, 0.7), z},
+                   [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   }
 }
 }  // namespace ad::test

@@ -59,6 +59,21 @@ Var tridiag_solve(const Operand& t_diag, const Operand& t_upper, const Operand& 
 // T - zI vanishes).
 Var tridiag_resolvent_diag(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& z);
 
+// tridiag_resolvent_diag for complex shifts. The engine has no complex dtype:
+// a complex number is a trailing dimension of 2 holding (re, im). z is (2)
+// giving (N, 2), or (K, 2) giving (K, N, 2); T stays real (not assumed
+// symmetric). The same ratio recurrences in complex double arithmetic (e / w
+// by Smith's method), so no overflow or underflow at any N (10^6 tested);
+// with Im z = 0 the real parts are the real op's values bit for bit.
+// Differentiable in t_diag, t_upper, t_lower and z (dz = (dL/dRe z,
+// dL/dIm z)), O(N) per shift. When z is an eigenvalue of T the value is
+// infinite, as for the real op (no error): a ratio that is exactly 0 gives an
+// infinite quotient and G_ii = 1/0 = (+-inf, 0); the gradient is then not
+// finite. Throws ad::Error naming the op and the shapes when z is not (2) or
+// (K, 2), or the shapes of T or the dtypes (f32/f64, all the same) do not fit.
+Var tridiag_resolvent_diag_complex(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                                   const Operand& z);
+
 // ---- utilities on tensors (not graph ops; f64 results) ----
 
 // The dense N x N matrix T + U V^T (causal: its lower triangle), f64.

@@ -75,6 +75,18 @@ template <class T>
 void resolvent_diag_backward(std::int64_t N, std::int64_t K, const T* d, const T* up, const T* lo, const T* z,
                              const T* dg, T* dd, T* dup, T* dlo, T* dz, void* ws);
 
+// ---- tridiag_resolvent_diag_complex ----  complex shifts z_k = (z[2k], z[2k+1]);
+// out[(k N + i) 2 + {0, 1}] = (re, im) of ((T - z_k I)^-1)_{ii}. dg has out's
+// layout; dz[2k], dz[2k+1] = dL/dRe z_k, dL/dIm z_k.
+std::size_t resolvent_complex_ws_bytes(std::int64_t N, std::int64_t K);
+template <class T>
+void resolvent_diag_complex(std::int64_t N, std::int64_t K, const T* d, const T* up, const T* lo, const T* z, T* out,
+                            void* ws);
+std::size_t resolvent_complex_backward_ws_bytes(std::int64_t N, std::int64_t K);
+template <class T>
+void resolvent_diag_complex_backward(std::int64_t N, std::int64_t K, const T* d, const T* up, const T* lo, const T* z,
+                                     const T* dg, T* dd, T* dup, T* dlo, T* dz, void* ws);
+
 // ---- semiseparable_solve ----  y[b] = H^-1 x[b] by Woodbury:
 // H^-1 = T^-1 - T^-1 U (I + V^T T^-1 U)^-1 V^T T^-1 (trans: with H^T).
 std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem);

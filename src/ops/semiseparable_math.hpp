@@ -37,5 +37,24 @@ template <class T> AD_HD T thomas_pivot(T diag, T lo_prev, T c_prev) { return di
 AD_HD double resolvent_ratio(double a, double e, double prev) { return a - e / prev; }
 // diag((T - zI)^-1)_i = theta_{i-1} phi_{i+1} / theta_N = 1 / (r_i + s_i - a_i).
 AD_HD double resolvent_diag(double r, double s, double a) { return 1.0 / (r + s - a); }
+// Complex shifts: the same ratios in complex arithmetic with e real. e / w
+// for w = c + i d by Smith's method (no c^2 + d^2, so no overflow or
+// underflow for any finite w). With d = 0 the real part is exactly e / c,
+// the real op's quotient; w = 0 gives (e / c, 0), the real op's +-inf, after
+// which the next ratio a - e / inf = a is exact again.
+AD_HD void resolvent_div_complex(double e, double c, double d, double& re, double& im) {
+  if (c == 0 && d == 0) {
+    re = e / c;
+    im = 0;
+  } else if ((c < 0 ? -c : c) >= (d < 0 ? -d : d)) {
+    double t = d / c, den = c + d * t;
+    re = e / den;
+    im = -e * t / den;
+  } else {
+    double t = c / d, den = c * t + d;
+    re = e * t / den;
+    im = -e / den;
+  }
+}
 
 }  // namespace ad::semisep

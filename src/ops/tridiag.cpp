@@ -1,5 +1,5 @@
 // Tridiagonal ops: the solve (Thomas algorithm) and the resolvent diagonal
-// (ratio form of the theta/phi recurrences). Each backward is one node that
+// (ratio form of the theta/phi recurrences), for real and complex shifts. Each backward is one node that
 // forms all gradients in one pass into one buffer (handed out with part).
 // Kernels: src/ops/tridiag_cpu.cpp.
 #include "ad/semiseparable.hpp"
@@ -158,6 +158,87 @@ const OpDef op_def_tridiag_resolvent_diag_backward{
     .flops = [](const InferArgs& a, const Meta&) { return 30.0 * static_cast<double>(a[4].shape.numel()); },
     .workspace = [](const InferArgs& a, const Meta&) {
       return static_cast<std::int64_t>(semisep::resolvent_backward_ws_bytes(a[0].shape[0], a[3].shape.numel()));
+    }};
+
+// ---- tridiag_resolvent_diag_complex ----  (t_diag, t_upper, t_lower, z) -> diag((T - z I)^-1), z complex as
+// (re, im): z (2) -> (N, 2); z (K, 2) -> (K, N, 2). Complex ratio recurrences in double. Saves the inputs.
+namespace {
+void check_complex_z(const InferArgs& a) {
+  const Shape& z = a[3].shape;
+  if ((z.rank() != 1 && z.rank() != 2) || z.back() != 2)
+    fail_shapes(a, "z must be (2) or (K, 2): (re, im) of one complex shift or of K shifts");
+}
+i64 complex_shifts(const Shape& z) { return z.numel() / 2; }
+}  // namespace
+Meta infer_tridiag_resolvent_diag_complex(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  check_complex_z(a);
+  Shape out;
+  if (a[3].shape.rank() == 2) out.push_back(a[3].shape[0]);
+  out.push_back(N);
+  out.push_back(2);
+  return Meta{out, a[0].dtype, a[0].device};
+}
+void tridiag_resolvent_diag_complex_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = complex_shifts(k[3].shape());
+  kernels::dispatch_float(k.out.dtype(), "tridiag_resolvent_diag_complex", [&](auto t) {
+    using T = decltype(t);
+    semisep::resolvent_diag_complex<T>(N, K, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k[3].data<T>(),
+                                       k.out.data<T>(), k.workspace);
+  });
+}
+void tridiag_resolvent_diag_complex_bwd(BackwardArgs& a) {
+  Var buf = make_node(OpId::tridiag_resolvent_diag_complex_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.dout});
+  i64 N = a.in[0].shape()[0];
+  const i64 off[4] = {0, N, 2 * N - 1, 3 * N - 2};
+  for (std::size_t i = 0; i < 4; ++i)
+    if (a.needs[i]) a.grad[i] = part(buf, off[i], a.in[i].shape());
+}
+const OpDef op_def_tridiag_resolvent_diag_complex{
+    .name = "tridiag_resolvent_diag_complex", .args = "t_diag,t_upper,t_lower,z", .arity = 4,
+    .infer = infer_tridiag_resolvent_diag_complex, .cpu = tridiag_resolvent_diag_complex_cpu,
+    .backward = tridiag_resolvent_diag_complex_bwd,
+    .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3),
+    .flops = [](const InferArgs&, const Meta& out) { return 20.0 * static_cast<double>(out.shape.numel()); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(
+          semisep::resolvent_complex_ws_bytes(a[0].shape[0], complex_shifts(a[3].shape)));
+    }};
+Var tridiag_resolvent_diag_complex(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
+                                   const Operand& z) {
+  return make_node(OpId::tridiag_resolvent_diag_complex, {t_diag, t_upper, t_lower, z});
+}
+
+// ---- tridiag_resolvent_diag_complex_backward ----  (t_diag, t_upper, t_lower, z, dg) -> one buffer
+// [dt_diag (N), dt_upper (N-1), dt_lower (N-1), dz (z's shape: dL/dRe z, dL/dIm z)]
+Meta infer_tridiag_resolvent_diag_complex_backward(const InferArgs& a) {
+  i64 N = check_tridiag(a);
+  check_complex_z(a);
+  Shape g;
+  if (a[3].shape.rank() == 2) g.push_back(a[3].shape[0]);
+  g.push_back(N);
+  g.push_back(2);
+  if (a[4].shape != g) fail_shapes(a, "dg must have the resolvent's shape");
+  return Meta{Shape{3 * N - 2 + a[3].shape.numel()}, a[0].dtype, a[0].device};
+}
+void tridiag_resolvent_diag_complex_backward_cpu(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = complex_shifts(k[3].shape());
+  kernels::dispatch_float(k.out.dtype(), "tridiag_resolvent_diag_complex_backward", [&](auto t) {
+    using T = decltype(t);
+    T* o = k.out.data<T>();
+    semisep::resolvent_diag_complex_backward<T>(N, K, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
+                                                k[3].data<T>(), k[4].data<T>(), o, o + N, o + 2 * N - 1,
+                                                o + 3 * N - 2, k.workspace);
+  });
+}
+const OpDef op_def_tridiag_resolvent_diag_complex_backward{
+    .name = "tridiag_resolvent_diag_complex_backward", .args = "t_diag,t_upper,t_lower,z,dg", .arity = 5,
+    .infer = infer_tridiag_resolvent_diag_complex_backward, .cpu = tridiag_resolvent_diag_complex_backward_cpu,
+    .no_grad = "double backward is not supported",
+    .flops = [](const InferArgs& a, const Meta&) { return 60.0 * static_cast<double>(a[4].shape.numel()); },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(
+          semisep::resolvent_complex_backward_ws_bytes(a[0].shape[0], complex_shifts(a[3].shape)));
     }};
 
 }  // namespace ad
