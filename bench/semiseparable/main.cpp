@@ -12,8 +12,13 @@
 //   5. --accuracy: the error that bf16/f16 storage of U and V adds, and the
 //      HODLR accuracy-versus-rank table (see docs/benchmarks.md).
 //
+//   6. --gpu: the matvec's CUDA kernels (full and causal) at N = 2^max-log2
+//      (default 2^22), r = 22 unless --r is given: effective bandwidth against
+//      a device-to-device copy of x measured in the same run; prints a "no
+//      GPU" line and exits 0 where there is none (or the build has no CUDA).
+//
 //   bench_semiseparable [--json] [--r R] [--d D] [--b B] [--min-log2 a]
-//                       [--max-log2 b] [--dense-max N] [--reps k] [--sweeps s] [--accuracy]
+//                       [--max-log2 b] [--dense-max N] [--reps k] [--sweeps s] [--accuracy] [--gpu]
 //
 // Each cell is the minimum over `reps` interleaved rounds; --sweeps s runs the
 // whole N range s times and keeps each cell's minimum (a shared host's load
@@ -30,10 +35,14 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ops/parallel.hpp"
 #include "ops/semiseparable_cpu.hpp"
+#if AD_BENCH_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -102,10 +111,11 @@ struct Row {
 };
 
 int accuracy_tables(bool json);
+int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps);
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, accuracy = false;
+  bool json = false, accuracy = false, gpu = false, r_given = false;
   i64 r = 16, D = 16, B = 1, lo2 = 12, hi2 = 22, dense_max = 8192;
   int reps = 5, sweeps = 1;
   for (int i = 1; i < argc; ++i) {
@@ -113,7 +123,8 @@ int main(int argc, char** argv) {
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
     if (a == "--json") json = true;
     else if (a == "--accuracy") accuracy = true;
-    else if (a == "--r") r = next();
+    else if (a == "--gpu") gpu = true;
+    else if (a == "--r") { r = next(); r_given = true; }
     else if (a == "--d") D = next();
     else if (a == "--b") B = next();
     else if (a == "--min-log2") lo2 = next();
@@ -124,6 +135,7 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
   if (accuracy) return accuracy_tables(json);
+  if (gpu) return gpu_bench(i64{1} << hi2, r_given ? r : 22, D, B, reps);
   ad::Rng rng(1);
   std::vector<Row> rows;
   for (int sweep = 0; sweep < sweeps; ++sweep)
@@ -328,5 +340,64 @@ int accuracy_tables(bool json) {
   std::printf("| rank | HODLR matvec rel. error | stored | matvec ms | T + U V^T rel. error (Frobenius) |\n|---|---|---|---|---|\n");
   for (auto& l : hl) std::printf("%s\n", l.c_str());
   return 0;
+}
+// ---- --gpu ----
+// Times cuda_k::semisep_matvec (the op's launcher, no graph) on device 0 and a
+// device-to-device copy of x (cuda_k::copy_axis: x read, y written) in the
+// same run; each is the minimum over `reps` timed calls after a warm-up,
+// timed on the host around ad::cuda::synchronize().
+int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
+#if AD_BENCH_CUDA
+  if (!ad::cuda::available()) {
+    std::printf("bench_semiseparable --gpu: no GPU on this machine (ad::cuda::available() is false); nothing measured\n");
+    return 0;
+  }
+  const ad::Device dev = ad::Device::cuda(0);
+  ad::Rng rng(1);
+  const i64 nx = B * N * D;
+  auto on_gpu = [&](i64 n, double sd) { return ad::Tensor::randn({n}, rng, ad::DType::f32, 0, sd).to(dev); };
+  ad::Tensor x = on_gpu(nx, 1), y = on_gpu(nx, 1), d = on_gpu(N, 1), up = on_gpu(N - 1, 1), lo = on_gpu(N - 1, 1);
+  ad::Tensor u = on_gpu(N * r, 1.0 / std::sqrt(static_cast<double>(r))),
+             v = on_gpu(N * r, 1.0 / std::sqrt(static_cast<double>(N)));
+  ad::semisep::Dims dm = ad::semisep::make_dims(B, N, D, r, 0);
+  const i64 ws_elems = (static_cast<i64>(ad::semisep::matvec_ws_bytes(dm, sizeof(float))) + 3) / 4;
+  ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
+  const ad::cuda_k::SemisepDims gd{B, N, D, r, dm.L};
+  auto gpu_time = [&](const std::function<void()>& f) {
+    f();  // warm-up (cuBLAS handle, caches)
+    ad::cuda::synchronize(0);
+    double best = INFINITY;
+    for (int k = 0; k < std::max(1, reps); ++k) {
+      auto t0 = Clock::now();
+      f();
+      ad::cuda::synchronize(0);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return best;
+  };
+  auto matvec = [&](bool causal) {
+    return [&, causal] {
+      ad::cuda_k::semisep_matvec(ad::DType::f32, gd, causal, x.raw(), d.raw(), up.raw(), lo.raw(), u.raw(), v.raw(),
+                                 y.raw(), ws.raw());
+    };
+  };
+  const double t_copy = gpu_time([&] { ad::cuda_k::copy_axis(sizeof(float), x.raw(), nx, 0, y.raw(), nx, 0, 1, nx, 1); });
+  const double t_full = gpu_time(matvec(false)), t_causal = gpu_time(matvec(true));
+  // the bytes the op must move at least: x read, y written, T, U, V read
+  const double bytes = 4.0 * static_cast<double>(2 * nx + 3 * N + 2 * N * r), copy_bytes = 8.0 * static_cast<double>(nx);
+  std::printf("GPU semiseparable_matvec, f32, B %lld, N %lld, D %lld, r %lld, chunk %lld rows\n\n",
+              static_cast<long long>(B), static_cast<long long>(N), static_cast<long long>(D),
+              static_cast<long long>(r), static_cast<long long>(dm.L));
+  std::printf("| kernel | ms | GB/s | vs device copy |\n|---|---|---|---|\n");
+  std::printf("| device-to-device copy of x | %.3f | %.1f | 1.00 |\n", t_copy * 1e3, copy_bytes / t_copy / 1e9);
+  for (auto [name, t] : {std::pair<const char*, double>{"matvec (full)", t_full}, {"matvec (causal)", t_causal}})
+    std::printf("| %s | %.3f | %.1f | %.2f |\n", name, t * 1e3, bytes / t / 1e9, (bytes / t) / (copy_bytes / t_copy));
+  return 0;
+#else
+  (void)N, (void)r, (void)D, (void)B, (void)reps;
+  std::printf("bench_semiseparable --gpu: this build has no CUDA backend (configure with -DAD_CUDA=ON); nothing "
+              "measured\n");
+  return 0;
+#endif
 }
 }  // namespace

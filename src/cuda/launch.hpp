@@ -136,3 +136,46 @@ void mse(DType t, const void* a, const void* b, std::int64_t n, double divisor, 
          void* y);
 
 }  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- semiseparable and tridiagonal (src/cuda/semiseparable.cu) ----
+// Shapes of semiseparable_matvec: x (B, N, D), u, v (N, r); rows cut into
+// chunks of L (the CPU's chunking, ops/semiseparable_cpu.hpp). f32 or f64,
+// u and v in x's dtype.
+struct SemisepDims {
+  std::int64_t B, N, D, r, L;
+};
+// y = H x (causal: its lower triangle). ws: B * chunks * r * D elements
+// (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D).
+void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
+                    const void* lo, const void* u, const void* v, void* y, void* ws);
+// The matvec's gradients for dy; a nullptr output is not formed (dup is 0
+// when causal). sx, sg: two regions of B * chunks * r * D elements each.
+struct MatvecGradPtrs {
+  void *dx, *dd, *dup, *dlo, *du, *dv;
+};
+void semisep_matvec_backward(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d,
+                             const void* up, const void* lo, const void* u, const void* v, const void* dy,
+                             const MatvecGradPtrs& g, void* sx, void* sg);
+// Thomas elimination coefficients (cp, den: N elements each) of T with
+// diagonal d, super-diagonal up, sub-diagonal lo. Returns -1, or the first row
+// with a zero or non-finite pivot (its value in *bad_pivot). Waits for the
+// device (it reads a flag the kernel wrote), so the caller can throw.
+std::int64_t tridiag_factor(DType t, std::int64_t N, const void* d, const void* up, const void* lo, void* cp,
+                            void* den, double* bad_pivot);
+// y = T^-1 b from those coefficients, b and y (outer, N, inner), one thread
+// per (outer, column); y may equal b.
+void tridiag_apply(DType t, std::int64_t N, std::int64_t outer, std::int64_t inner, const void* lo, const void* cp,
+                   const void* den, const void* b, void* y);
+// dd_i = -sum lam_i y_i, dup_i = -sum lam_i y_{i+1}, dlo_i = -sum lam_{i+1} y_i (f64 sums, the CPU's order).
+void tridiag_band_grads(DType t, std::int64_t N, std::int64_t outer, std::int64_t inner, const void* lam,
+                        const void* y, void* dd, void* dup, void* dlo);
+// diag((T - z_k I)^-1) for K shifts, one thread per shift; ws: 2 N K doubles.
+void resolvent_diag(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                    const void* z, void* out, double* ws);
+// Its gradients; ws: 4 N K doubles.
+void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                             const void* z, const void* dg, void* dd, void* dup, void* dlo, void* dz, double* ws);
+
+}  // namespace ad::cuda_k

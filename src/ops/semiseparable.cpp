@@ -10,6 +10,9 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/semiseparable_cpu.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -72,6 +75,15 @@ std::array<i64, 7> grad_offsets(int mask, const std::array<i64, 6>& sizes) {
   return off;
 }
 std::array<i64, 6> grad_sizes(i64 B, i64 N, i64 D, i64 r) { return {B * N * D, N, N - 1, N - 1, N * r, N * r}; }
+
+// On a GPU: f32/f64 with u, v in x's dtype (bf16/f16 U, V run on the CPU only).
+AD_CUDA_ONLY(cuda_k::SemisepDims gpu_dims(const char* op, const KernelArgs& k) {
+  if (k[4].dtype() != k[0].dtype())
+    kernel_fail(op, fmt::format("no CUDA kernel for u, v of dtype {} with x {} (bf16/f16 U, V run on the CPU only)",
+                                dtype_name(k[4].dtype()), dtype_name(k[0].dtype())));
+  semisep::Dims dm = dims_of(k[0].shape(), k[4].shape()[1], k.attrs);
+  return {dm.B, dm.N, dm.D, dm.r, dm.L};
+})
 }  // namespace
 
 // ---- semiseparable_matvec ----  x (B,N,D) -> y (B,N,D), y[b] = (T + U V^T) x[b];
@@ -90,6 +102,11 @@ void semiseparable_matvec_cpu(const KernelArgs& k) {
                            k.workspace);
   });
 }
+AD_CUDA_ONLY(void semiseparable_matvec_cuda(const KernelArgs& k) {
+  cuda_k::SemisepDims dm = gpu_dims("semiseparable_matvec", k);
+  cuda_k::semisep_matvec(k[0].dtype(), dm, k.attrs.causal, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(), k[4].raw(),
+                         k[5].raw(), k.out.raw(), k.workspace);
+})
 double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
   double r = static_cast<double>(a[4].shape[1]);
   return static_cast<double>(out.shape.numel()) * ((a.attrs.causal ? 6 : 4) * r + 5);
@@ -116,7 +133,8 @@ void semiseparable_matvec_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_semiseparable_matvec{
     .name = "semiseparable_matvec", .args = "x,t_diag,t_upper,t_lower,u,v", .arity = 6,
-    .infer = infer_semiseparable_matvec, .cpu = semiseparable_matvec_cpu, .backward = semiseparable_matvec_bwd,
+    .infer = infer_semiseparable_matvec, .cpu = semiseparable_matvec_cpu,
+    .cuda = AD_CUDA_FN(semiseparable_matvec_cuda), .backward = semiseparable_matvec_bwd,
     .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5),
     .flops = semiseparable_matvec_flops, .workspace = semiseparable_matvec_ws};
 Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
@@ -150,6 +168,21 @@ void semiseparable_matvec_backward_cpu(const KernelArgs& k) {
                                     static_cast<const UV*>(k[5].raw()), k[6].data<T>(), g, k.workspace);
   });
 }
+// The same buffer layout and workspace (two regions of chunk sums) as the CPU.
+AD_CUDA_ONLY(void semiseparable_matvec_backward_cuda(const KernelArgs& k) {
+  cuda_k::SemisepDims dm = gpu_dims("semiseparable_matvec_backward", k);
+  auto off = grad_offsets(k.attrs.which, grad_sizes(dm.B, dm.N, dm.D, dm.r));
+  const std::size_t es = dtype_size(k[0].dtype());
+  char* base = static_cast<char*>(k.out.raw());
+  auto at = [&](std::size_t i) -> void* { return off[i] < 0 ? nullptr : base + off[i] * static_cast<i64>(es); };
+  cuda_k::MatvecGradPtrs g{at(0), at(1), at(2), at(3), at(4), at(5)};
+  const i64 region = dm.B * ((dm.N + dm.L - 1) / dm.L) * dm.r * dm.D * static_cast<i64>(es);
+  semisep::Carve cv{static_cast<char*>(k.workspace)};
+  char* sx = cv.take<char>(region);
+  char* sg = cv.take<char>(region);
+  cuda_k::semisep_matvec_backward(k[0].dtype(), dm, k.attrs.causal, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(),
+                                  k[4].raw(), k[5].raw(), k[6].raw(), g, sx, sg);
+})
 double semiseparable_matvec_backward_flops(const InferArgs& a, const Meta&) {
   double r = static_cast<double>(a[4].shape[1]);
   return static_cast<double>(a[0].shape.numel()) * ((a.attrs.causal ? 10 : 8) * r + 12);
@@ -161,6 +194,7 @@ std::int64_t semiseparable_matvec_backward_ws(const InferArgs& a, const Meta&) {
 const OpDef op_def_semiseparable_matvec_backward{
     .name = "semiseparable_matvec_backward", .args = "x,t_diag,t_upper,t_lower,u,v,dy", .arity = 7,
     .infer = infer_semiseparable_matvec_backward, .cpu = semiseparable_matvec_backward_cpu,
+    .cuda = AD_CUDA_FN(semiseparable_matvec_backward_cuda),
     .no_grad = "double backward is not supported", .flops = semiseparable_matvec_backward_flops,
     .workspace = semiseparable_matvec_backward_ws};
 

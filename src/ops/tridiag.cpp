@@ -2,10 +2,15 @@
 // (ratio form of the theta/phi recurrences), for real and complex shifts. Each backward is one node that
 // forms all gradients in one pass into one buffer (handed out with part).
 // Kernels: src/ops/tridiag_cpu.cpp.
+#include <utility>
+
 #include "ad/semiseparable.hpp"
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/semiseparable_cpu.hpp"
+#if AD_HAVE_CUDA
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -30,6 +35,24 @@ Split split_b(const Shape& b) {
   return {s.outer, s.inner};
 }
 i64 b_len(const Shape& b) { return b.rank() == 1 ? b[0] : b[b.rank() - 2]; }
+
+// On a GPU: y = T^-1 b (trans: T^-T b) with the op's workspace holding the
+// elimination coefficients (cp, den), as on the CPU. A bad pivot is found by
+// the factor kernel and thrown here with the CPU's message.
+AD_CUDA_ONLY(void tridiag_solve_gpu(const char* op, DType t, i64 N, Split s, const void* d, const void* up,
+                                    const void* lo, const void* b, void* y, bool trans, void* ws) {
+  if (trans) std::swap(up, lo);
+  const i64 bytes = N * static_cast<i64>(dtype_size(t));
+  semisep::Carve cv{static_cast<char*>(ws)};
+  char* cp = cv.take<char>(bytes);
+  char* den = cv.take<char>(bytes);
+  double p = 0;
+  if (i64 row = cuda_k::tridiag_factor(t, N, d, up, lo, cp, den, &p); row >= 0)
+    kernel_fail(op, fmt::format("zero or non-finite pivot {} at row {} of the tridiagonal system (N = {}): the "
+                                "matrix is singular or needs pivoting",
+                                p, row, N));
+  cuda_k::tridiag_apply(t, N, s.outer, s.inner, lo, cp, den, b, y);
+})
 }  // namespace
 
 // ---- tridiag_solve ----  (t_diag, t_upper, t_lower, b) -> y = T^-1 b, b (N) or (..., N, M);
@@ -49,6 +72,10 @@ void tridiag_solve_cpu(const KernelArgs& k) {
                               k[3].data<T>(), k.out.data<T>(), false, k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_solve_cuda(const KernelArgs& k) {
+  tridiag_solve_gpu("tridiag_solve", k.out.dtype(), k[0].shape()[0], split_b(k[3].shape()), k[0].raw(), k[1].raw(),
+                    k[2].raw(), k[3].raw(), k.out.raw(), false, k.workspace);
+})
 void tridiag_solve_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::tridiag_solve_backward, {a.in[0], a.in[1], a.in[2], a.out, a.dout});
   i64 N = a.in[0].shape()[0], nb = a.in[3].numel();
@@ -59,7 +86,7 @@ void tridiag_solve_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_tridiag_solve{
     .name = "tridiag_solve", .args = "t_diag,t_upper,t_lower,b", .arity = 4, .infer = infer_tridiag_solve,
-    .cpu = tridiag_solve_cpu, .backward = tridiag_solve_bwd,
+    .cpu = tridiag_solve_cpu, .cuda = AD_CUDA_FN(tridiag_solve_cuda), .backward = tridiag_solve_bwd,
     .saves = kSavesOutput | saves_input(0) | saves_input(1) | saves_input(2),
     .flops = [](const InferArgs& a, const Meta& out) { return 5.0 * static_cast<double>(out.shape.numel() + a[0].shape[0]); },
     .workspace = [](const InferArgs& a, const Meta&) {
@@ -87,9 +114,21 @@ void tridiag_solve_backward_cpu(const KernelArgs& k) {
                                        o + nb + 2 * N - 1, k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_solve_backward_cuda(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], nb = k[3].numel();
+  Split s = split_b(k[3].shape());
+  DType t = k.out.dtype();
+  char* o = static_cast<char*>(k.out.raw());
+  const auto es = static_cast<i64>(dtype_size(t));
+  // lam = T^-T dy into the db part, then the band's gradients from lam and y
+  tridiag_solve_gpu("tridiag_solve", t, N, s, k[0].raw(), k[1].raw(), k[2].raw(), k[4].raw(), o, true, k.workspace);
+  cuda_k::tridiag_band_grads(t, N, s.outer, s.inner, o, k[3].raw(), o + nb * es, o + (nb + N) * es,
+                             o + (nb + 2 * N - 1) * es);
+})
 const OpDef op_def_tridiag_solve_backward{
     .name = "tridiag_solve_backward", .args = "t_diag,t_upper,t_lower,y,dy", .arity = 5,
     .infer = infer_tridiag_solve_backward, .cpu = tridiag_solve_backward_cpu,
+    .cuda = AD_CUDA_FN(tridiag_solve_backward_cuda),
     .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) { return 11.0 * static_cast<double>(a[3].shape.numel() + a[0].shape[0]); },
     .workspace = [](const InferArgs& a, const Meta&) {
@@ -114,6 +153,10 @@ void tridiag_resolvent_diag_cpu(const KernelArgs& k) {
                                k.out.data<T>(), k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_resolvent_diag_cuda(const KernelArgs& k) {
+  cuda_k::resolvent_diag(k.out.dtype(), k[0].shape()[0], k[3].numel(), k[0].raw(), k[1].raw(), k[2].raw(),
+                         k[3].raw(), k.out.raw(), static_cast<double*>(k.workspace));
+})
 void tridiag_resolvent_diag_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::tridiag_resolvent_diag_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.dout});
   i64 N = a.in[0].shape()[0];
@@ -123,7 +166,8 @@ void tridiag_resolvent_diag_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_tridiag_resolvent_diag{
     .name = "tridiag_resolvent_diag", .args = "t_diag,t_upper,t_lower,z", .arity = 4,
-    .infer = infer_tridiag_resolvent_diag, .cpu = tridiag_resolvent_diag_cpu, .backward = tridiag_resolvent_diag_bwd,
+    .infer = infer_tridiag_resolvent_diag, .cpu = tridiag_resolvent_diag_cpu,
+    .cuda = AD_CUDA_FN(tridiag_resolvent_diag_cuda), .backward = tridiag_resolvent_diag_bwd,
     .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3),
     .flops = [](const InferArgs&, const Meta& out) { return 10.0 * static_cast<double>(out.shape.numel()); },
     .workspace = [](const InferArgs& a, const Meta&) {
@@ -151,9 +195,18 @@ void tridiag_resolvent_diag_backward_cpu(const KernelArgs& k) {
                                         k[4].data<T>(), o, o + N, o + 2 * N - 1, o + 3 * N - 2, k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_resolvent_diag_backward_cuda(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = k[3].numel();
+  char* o = static_cast<char*>(k.out.raw());
+  const auto es = static_cast<i64>(dtype_size(k.out.dtype()));
+  cuda_k::resolvent_diag_backward(k.out.dtype(), N, K, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(), k[4].raw(), o,
+                                  o + N * es, o + (2 * N - 1) * es, o + (3 * N - 2) * es,
+                                  static_cast<double*>(k.workspace));
+})
 const OpDef op_def_tridiag_resolvent_diag_backward{
     .name = "tridiag_resolvent_diag_backward", .args = "t_diag,t_upper,t_lower,z,dg", .arity = 5,
     .infer = infer_tridiag_resolvent_diag_backward, .cpu = tridiag_resolvent_diag_backward_cpu,
+    .cuda = AD_CUDA_FN(tridiag_resolvent_diag_backward_cuda),
     .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) { return 30.0 * static_cast<double>(a[4].shape.numel()); },
     .workspace = [](const InferArgs& a, const Meta&) {

@@ -1,0 +1,519 @@
+// CUDA kernels of the semiseparable and tridiagonal ops (compiled, not yet run
+// on a GPU). The structure mirrors the CPU kernels (src/ops/semiseparable_cpu.cpp,
+// tridiag_cpu.cpp): rows are cut into the same chunks of L rows; sums over rows
+// are formed per chunk in the compute type, then combined over chunks in order
+// in double (total, exclusive prefix or exclusive suffix), so every result has
+// a fixed order: no atomics anywhere. The non-causal products V^T x, U^T dy,
+// U W and V G are strided-batched cuBLAS GEMMs instead.
+//
+// One generic "sweep" kernel covers every O(N r D) loop: a thread owns one
+// column e of a K x C state M (K rows in registers, kKB at a time) and walks
+// the rows of its chunk, in order or reversed:
+//   update: M[k][e] += A(b,i)[k] * X(b,i)[e]
+//   output: O(b,i)[e] += sum_k Bv(b,i)[k] * M[k][e]
+// With sum_b, the thread walks every batch in order and O has no batch stride
+// (the parameter gradients du, dv: sums over b without atomics).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/device.hpp"
+#include "cuda/launch.hpp"
+#include "cuda/util.cuh"
+#include "ops/semiseparable_math.hpp"
+
+namespace ad::cuda_k {
+
+namespace {
+using i64 = std::int64_t;
+constexpr int kThreads = 128;
+constexpr int kKB = 16;  // state rows held in registers per pass
+
+template <class T> struct Src {
+  const T* p;
+  i64 bs, rs;  // element (b, i, j) at p[b * bs + i * rs + j]
+  __device__ T at(i64 b, i64 i, i64 j) const { return p[b * bs + i * rs + j]; }
+};
+template <class T> struct SweepArgs {
+  i64 B, N, L, nc;  // batches, rows, rows per chunk, chunks
+  i64 K, C;         // state K x C
+  T* S;             // state of (b, c), element (k, e): S[b * sb + c * sc + k * sk + e * se]
+  i64 sb, sc, sk, se;
+  Src<T> A, X, Bv;
+  T* O;
+  i64 obs, ors;     // O(b, i)[e] at O[b * obs + i * ors + e]
+  bool reverse, sum_b;
+};
+
+// kStore: M starts at 0 and is written back to S (chunk sums); otherwise M
+// starts from S (read only).
+template <class T, bool kUpdate, bool kOut, bool kStore> __global__ void sweep_kernel(SweepArgs<T> s) {
+  const i64 nb = s.sum_b ? 1 : s.B, total = nb * s.nc * s.C;
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 e = t % s.C, c = (t / s.C) % s.nc, bb = t / (s.C * s.nc);
+    const i64 i0 = c * s.L, i1 = (i0 + s.L < s.N) ? i0 + s.L : s.N, n = i1 - i0;
+    const i64 b0 = s.sum_b ? 0 : bb, b1 = s.sum_b ? s.B : bb + 1;
+    for (i64 b = b0; b < b1; ++b) {
+      T* st = s.S + b * s.sb + c * s.sc + e * s.se;
+      for (i64 k0 = 0; k0 < s.K; k0 += kKB) {
+        T m[kKB];
+#pragma unroll
+        for (int q = 0; q < kKB; ++q) m[q] = (!kStore && k0 + q < s.K) ? st[(k0 + q) * s.sk] : T(0);
+        for (i64 j = 0; j < n; ++j) {
+          const i64 i = s.reverse ? i1 - 1 - j : i0 + j;
+          if constexpr (kUpdate) {
+            const T xv = s.X.at(b, i, e);
+#pragma unroll
+            for (int q = 0; q < kKB; ++q)
+              if (k0 + q < s.K) m[q] += s.A.at(b, i, k0 + q) * xv;
+          }
+          if constexpr (kOut) {
+            T* o = s.O + b * s.obs + i * s.ors + e;
+            T acc = *o;
+#pragma unroll
+            for (int q = 0; q < kKB; ++q)
+              if (k0 + q < s.K) acc += s.Bv.at(b, i, k0 + q) * m[q];
+            *o = acc;
+          }
+        }
+        if constexpr (kStore) {
+#pragma unroll
+          for (int q = 0; q < kKB; ++q)
+            if (k0 + q < s.K) st[(k0 + q) * s.sk] = m[q];
+        }
+      }
+    }
+  }
+}
+enum class Mode { sums, mix, scan };
+template <class T> void sweep(Mode mode, const SweepArgs<T>& s, const char* what) {
+  const i64 total = (s.sum_b ? 1 : s.B) * s.nc * s.C;
+  if (total <= 0 || s.K <= 0 || s.N <= 0) return;
+  const unsigned g = grid_for(total, kThreads);
+  switch (mode) {
+    case Mode::sums: sweep_kernel<T, true, false, true><<<g, kThreads>>>(s); break;
+    case Mode::mix: sweep_kernel<T, false, true, false><<<g, kThreads>>>(s); break;
+    case Mode::scan: sweep_kernel<T, true, true, false><<<g, kThreads>>>(s); break;
+  }
+  check_launch(what);
+}
+
+// Per b, over the chunk slots (width elements each, slot c of b at S + (b * nc + c) * width),
+// in chunk order, in double: kind 0 total (into slot 0), 1 exclusive prefix, 2 exclusive suffix.
+template <class T> __global__ void combine_kernel(T* S, i64 B, i64 nc, i64 width, int kind) {
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < B * width;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 b = t / width, j = t % width;
+    T* base = S + b * nc * width + j;
+    double acc = 0;
+    for (i64 q = 0; q < nc; ++q) {
+      const i64 c = kind == 2 ? nc - 1 - q : q;
+      T* p = base + c * width;
+      const double v = static_cast<double>(*p);
+      if (kind != 0) *p = static_cast<T>(acc);
+      acc += v;
+    }
+    if (kind == 0) *base = static_cast<T>(acc);
+  }
+}
+template <class T> void combine(T* S, i64 B, i64 nc, i64 width, int kind) {
+  if (B * width <= 0) return;
+  combine_kernel<<<grid_for(B * width, kThreads), kThreads>>>(S, B, nc, width, kind);
+  check_launch("semiseparable (combine chunk sums)");
+}
+
+// out[b,i,e] (= or +=) p[i-1] in[b,i-1,e] + d[i] in[b,i,e] + q[i] in[b,i+1,e]
+// (p or q nullptr: that neighbour left out), the CPU's order of terms.
+template <class T>
+__global__ void band_kernel(const T* in, const T* d, const T* p, const T* q, T* out, i64 B, i64 N, i64 D, bool add) {
+  const i64 total = B * N * D;
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 i = (t / D) % N;
+    T v = d[i] * in[t];
+    if (p && i > 0) v = p[i - 1] * in[t - D] + v;
+    if (q && i + 1 < N) v = v + q[i] * in[t + D];
+    out[t] = add ? out[t] + v : v;
+  }
+}
+template <class T> void band(const T* in, const T* d, const T* p, const T* q, T* out, i64 B, i64 N, i64 D, bool add) {
+  if (B * N * D <= 0) return;
+  band_kernel<<<grid_for(B * N * D, kThreads), kThreads>>>(in, d, p, q, out, B, N, D, add);
+  check_launch("semiseparable (tridiagonal band)");
+}
+
+// The band's gradients, one thread per row i, sums over b in order:
+// dd_i = sum dy_i . x_i, dup_i = sum dy_i . x_{i+1} (0 when causal), dlo_i = sum dy_{i+1} . x_i.
+template <class T>
+__global__ void band_grads_kernel(const T* x, const T* dy, T* dd, T* dup, T* dlo, i64 B, i64 N, i64 D, bool causal) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    T sd = T(0), su = T(0), sl = T(0);
+    for (i64 b = 0; b < B; ++b) {
+      const T *xi = x + (b * N + i) * D, *gi = dy + (b * N + i) * D;
+      T pd = T(0), pu = T(0), pl = T(0);
+      for (i64 e = 0; e < D; ++e) pd += gi[e] * xi[e];
+      sd += pd;
+      if (i + 1 < N) {
+        if (!causal)
+          for (i64 e = 0; e < D; ++e) pu += gi[e] * xi[D + e];
+        for (i64 e = 0; e < D; ++e) pl += gi[D + e] * xi[e];
+        su += pu;
+        sl += pl;
+      }
+    }
+    if (dd) dd[i] = sd;
+    if (i + 1 < N) {
+      if (dup) dup[i] = su;
+      if (dlo) dlo[i] = sl;
+    }
+  }
+}
+
+template <class T>
+void matvec_t(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
+              const T* v, T* y, T* S, DType dt) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, L = dm.L, nc = (N + L - 1) / L, rD = r * D;
+  if (B * N * D == 0) return;
+  if (!causal) {
+    // W_b = V^T x_b (r x D, at S + b nc rD), y_b = U W_b, then y += T x
+    gemm(dt, true, false, B, r, D, N, v, 0, x, N * D, S, nc * rD);
+    gemm(dt, false, false, B, N, D, r, u, 0, S, nc * rD, y, N * D);
+    band(x, d, lo, up, y, B, N, D, true);
+    return;
+  }
+  band(x, d, lo, static_cast<const T*>(nullptr), y, B, N, D, false);
+  if (r == 0) return;
+  // chunk sums of v (x) x, exclusive prefix over chunks, then per chunk
+  // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j and y_i += u_i . P_i
+  SweepArgs<T> s{B, N, L, nc, r, D, S, nc * rD, rD, D, 1, {v, 0, r}, {x, N * D, D}, {u, 0, r}, y, N * D, D,
+                 false, false};
+  sweep(Mode::sums, s, "semiseparable_matvec (chunk sums)");
+  combine(S, B, nc, rD, 1);
+  sweep(Mode::scan, s, "semiseparable_matvec (causal scan)");
+}
+
+template <class T>
+void matvec_backward_t(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo,
+                       const T* u, const T* v, const T* dy, const MatvecGradPtrs& gp, T* Sx, T* Sg, DType dt) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, L = dm.L, nc = (N + L - 1) / L, rD = r * D;
+  T *dx = static_cast<T*>(gp.dx), *dd = static_cast<T*>(gp.dd), *dup = static_cast<T*>(gp.dup),
+    *dlo = static_cast<T*>(gp.dlo), *du = static_cast<T*>(gp.du), *dv = static_cast<T*>(gp.dv);
+  const std::size_t es = sizeof(T);
+  if (du) zero(du, static_cast<std::size_t>(N * r) * es);
+  if (dv) zero(dv, static_cast<std::size_t>(N * r) * es);
+  if (dd || dup || dlo) {
+    if (B * D == 0) {  // empty sums
+      if (dd) zero(dd, static_cast<std::size_t>(N) * es);
+      if (dup) zero(dup, static_cast<std::size_t>(N - 1) * es);
+      if (dlo) zero(dlo, static_cast<std::size_t>(N - 1) * es);
+    } else {
+      band_grads_kernel<<<grid_for(N, kThreads), kThreads>>>(x, dy, dd, dup, dlo, B, N, D, causal);
+      check_launch("semiseparable_matvec_backward (band gradients)");
+    }
+  }
+  if (B * N * D == 0) return;
+  const bool rank = r > 0, need_x = du && rank, need_g = (dx || dv) && rank;
+  // dx's band: T^T dy (causal: d_j dy_j + lo_j dy_{j+1})
+  const T* no = nullptr;
+  if (!causal) {
+    if (need_x) gemm(dt, true, false, B, r, D, N, v, 0, x, N * D, Sx, nc * rD);   // W = V^T x
+    if (need_g) gemm(dt, true, false, B, r, D, N, u, 0, dy, N * D, Sg, nc * rD);  // G = U^T dy
+    if (dx) {
+      gemm(dt, false, false, B, N, D, r, v, 0, Sg, nc * rD, dx, N * D);  // dx = V G (zeros when r = 0)
+      band(dy, d, up, lo, dx, B, N, D, true);
+    }
+    // du_i = sum_b W_b dy_i, dv_j = sum_b G_b x_j: the state is W_b^T (D x r), the same for every chunk
+    if (need_x)
+      sweep(Mode::mix,
+            SweepArgs<T>{B, N, L, nc, D, r, Sx, nc * rD, 0, 1, D, {no, 0, 0}, {no, 0, 0}, {dy, N * D, D}, du, 0, r,
+                         false, true},
+            "semiseparable_matvec_backward (du)");
+    if (need_g && dv)
+      sweep(Mode::mix,
+            SweepArgs<T>{B, N, L, nc, D, r, Sg, nc * rD, 0, 1, D, {no, 0, 0}, {no, 0, 0}, {x, N * D, D}, dv, 0, r,
+                         false, true},
+            "semiseparable_matvec_backward (dv)");
+    return;
+  }
+  if (dx) band(dy, d, no, lo, dx, B, N, D, false);
+  if (need_x) {  // Sx: exclusive prefixes of v (x) x
+    sweep(Mode::sums,
+          SweepArgs<T>{B, N, L, nc, r, D, Sx, nc * rD, rD, D, 1, {v, 0, r}, {x, N * D, D}, {no, 0, 0}, nullptr, 0, 0,
+                       false, false},
+          "semiseparable_matvec_backward (chunk sums of x)");
+    combine(Sx, B, nc, rD, 1);
+  }
+  if (need_g) {  // Sg: exclusive suffixes of u (x) dy
+    sweep(Mode::sums,
+          SweepArgs<T>{B, N, L, nc, r, D, Sg, nc * rD, rD, D, 1, {u, 0, r}, {dy, N * D, D}, {no, 0, 0}, nullptr, 0, 0,
+                       false, false},
+          "semiseparable_matvec_backward (chunk sums of dy)");
+    combine(Sg, B, nc, rD, 2);
+  }
+  if (dx)  // dx_j += v_j . Q_j, Q_j = sum_{i>=j} u_i (x) dy_i (reversed scan)
+    sweep(Mode::scan,
+          SweepArgs<T>{B, N, L, nc, r, D, Sg, nc * rD, rD, D, 1, {u, 0, r}, {dy, N * D, D}, {v, 0, r}, dx, N * D, D,
+                       true, false},
+          "semiseparable_matvec_backward (dx)");
+  if (need_x)  // du_i = sum_b P_i dy_i, state P^T (D x r) updated by x_i[k] v_i[e]
+    sweep(Mode::scan,
+          SweepArgs<T>{B, N, L, nc, D, r, Sx, nc * rD, rD, 1, D, {x, N * D, D}, {v, 0, r}, {dy, N * D, D}, du, 0, r,
+                       false, true},
+          "semiseparable_matvec_backward (du)");
+  if (need_g && dv)  // dv_j = sum_b Q_j x_j, state Q^T updated by dy_j[k] u_j[e] (reversed)
+    sweep(Mode::scan,
+          SweepArgs<T>{B, N, L, nc, D, r, Sg, nc * rD, rD, 1, D, {dy, N * D, D}, {u, 0, r}, {x, N * D, D}, dv, 0, r,
+                       true, true},
+          "semiseparable_matvec_backward (dv)");
+}
+
+// ---- tridiagonal ----
+// Forward elimination coefficients, one thread (a recurrence over the rows):
+// den_i = d_i - lo_{i-1} c_{i-1}, c_i = up_i / den_i. The first bad pivot's
+// row goes to *bad (which starts at -1) and its value to den[row].
+template <class T> __global__ void tridiag_factor_kernel(i64 N, const T* d, const T* up, const T* lo, T* cp, T* den,
+                                                         long long* bad) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  T c_prev = T(0);
+  for (i64 i = 0; i < N; ++i) {
+    const T p = semisep::thomas_pivot(d[i], i ? lo[i - 1] : T(0), c_prev);
+    den[i] = p;
+    if (!(p != T(0)) || !isfinite(p)) {
+      *bad = static_cast<long long>(i);
+      return;
+    }
+    c_prev = i + 1 < N ? up[i] / p : T(0);
+    cp[i] = c_prev;
+  }
+}
+// One thread per (outer, column): forward substitution, then back substitution.
+template <class T> __global__ void tridiag_apply_kernel(i64 N, i64 outer, i64 inner, const T* lo, const T* cp,
+                                                        const T* den, const T* b, T* y) {
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < outer * inner;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 o = t / inner, c = t % inner;
+    const T* bo = b + o * N * inner + c;
+    T* yo = y + o * N * inner + c;
+    yo[0] = bo[0] / den[0];
+    for (i64 i = 1; i < N; ++i) yo[i * inner] = (bo[i * inner] - lo[i - 1] * yo[(i - 1) * inner]) / den[i];
+    for (i64 i = N - 2; i >= 0; --i) yo[i * inner] -= cp[i] * yo[(i + 1) * inner];
+  }
+}
+// dd_i = -sum lam_i y_i, dup_i = -sum lam_i y_{i+1}, dlo_i = -sum lam_{i+1} y_i, in double, the CPU's order.
+template <class T> __global__ void tridiag_grads_kernel(i64 N, i64 outer, i64 inner, const T* lam, const T* y, T* dd,
+                                                        T* dup, T* dlo) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    double sd = 0, su = 0, sl = 0;
+    for (i64 o = 0; o < outer; ++o) {
+      const T* li = lam + (o * N + i) * inner;
+      const T* yi = y + (o * N + i) * inner;
+      for (i64 c = 0; c < inner; ++c) sd += static_cast<double>(li[c]) * yi[c];
+      if (i + 1 < N) {
+        for (i64 c = 0; c < inner; ++c) su += static_cast<double>(li[c]) * yi[inner + c];
+        for (i64 c = 0; c < inner; ++c) sl += static_cast<double>(li[inner + c]) * yi[c];
+      }
+    }
+    dd[i] = static_cast<T>(-sd);
+    if (i + 1 < N) {
+      dup[i] = static_cast<T>(-su);
+      dlo[i] = static_cast<T>(-sl);
+    }
+  }
+}
+
+// ---- resolvent diagonal: one thread per shift, the CPU's recurrences in double ----
+template <class T> __device__ void ratios(i64 N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
+  r[0] = static_cast<double>(d[0]) - z;
+  for (i64 i = 1; i < N; ++i)
+    r[i] = semisep::resolvent_ratio(static_cast<double>(d[i]) - z,
+                                    static_cast<double>(up[i - 1]) * static_cast<double>(lo[i - 1]), r[i - 1]);
+  s[N - 1] = static_cast<double>(d[N - 1]) - z;
+  for (i64 i = N - 2; i >= 0; --i)
+    s[i] = semisep::resolvent_ratio(static_cast<double>(d[i]) - z,
+                                    static_cast<double>(up[i]) * static_cast<double>(lo[i]), s[i + 1]);
+}
+template <class T> __global__ void resolvent_kernel(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z,
+                                                    T* out, double* w) {
+  for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<i64>(gridDim.x) * blockDim.x) {
+    double *r = w + 2 * k * N, *s = r + N;
+    const double zk = static_cast<double>(z[k]);
+    ratios(N, d, up, lo, zk, r, s);
+    for (i64 i = 0; i < N; ++i)
+      out[k * N + i] = static_cast<T>(semisep::resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk));
+  }
+}
+// Per shift: ab (w + 4kN + 2N) and eb (+ 3N) as on the CPU; dz[k].
+template <class T> __global__ void resolvent_backward_kernel(i64 N, i64 K, const T* d, const T* up, const T* lo,
+                                                             const T* z, const T* dg, T* dz, double* w) {
+  for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<i64>(gridDim.x) * blockDim.x) {
+    double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
+    const double zk = static_cast<double>(z[k]);
+    ratios(N, d, up, lo, zk, r, s);
+    auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+    auto dbar = [&](i64 i) {
+      const double G = semisep::resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk);
+      return -static_cast<double>(dg[k * N + i]) * G * G;
+    };
+    for (i64 i = 0; i < N; ++i) {
+      ab[i] = -dbar(i);
+      eb[i] = 0;
+    }
+    double rb = 0;
+    for (i64 i = N - 1; i >= 0; --i) {
+      rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
+      ab[i] += rb;
+      if (i >= 1) eb[i - 1] -= rb / r[i - 1];
+    }
+    double sb = 0;
+    for (i64 i = 0; i < N; ++i) {
+      sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
+      ab[i] += sb;
+      if (i + 1 < N) eb[i] -= sb / s[i + 1];
+    }
+    double sz = 0;
+    for (i64 i = 0; i < N; ++i) sz += ab[i];
+    dz[k] = static_cast<T>(-sz);
+  }
+}
+// Sums over shifts in order, one thread per row.
+template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const T* up, const T* lo, const double* w, T* dd,
+                                                        T* dup, T* dlo) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    double sa = 0, se = 0;
+    for (i64 k = 0; k < K; ++k) {
+      sa += w[4 * k * N + 2 * N + i];
+      if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
+    }
+    dd[i] = static_cast<T>(sa);
+    if (i + 1 < N) {
+      dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
+      dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+    }
+  }
+}
+
+// f(T{}) for f32 / f64
+template <class F> void by_type(DType t, F f) {
+  if (t == DType::f32) f(float{});
+  else f(double{});
+}
+}  // namespace
+
+void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
+                    const void* lo, const void* u, const void* v, void* y, void* ws) {
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    matvec_t<T>(dm, causal, static_cast<const T*>(x), static_cast<const T*>(d), static_cast<const T*>(up),
+                static_cast<const T*>(lo), static_cast<const T*>(u), static_cast<const T*>(v), static_cast<T*>(y),
+                static_cast<T*>(ws), t);
+  });
+}
+
+void semisep_matvec_backward(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d,
+                             const void* up, const void* lo, const void* u, const void* v, const void* dy,
+                             const MatvecGradPtrs& g, void* sx, void* sg) {
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    matvec_backward_t<T>(dm, causal, static_cast<const T*>(x), static_cast<const T*>(d), static_cast<const T*>(up),
+                         static_cast<const T*>(lo), static_cast<const T*>(u), static_cast<const T*>(v),
+                         static_cast<const T*>(dy), g, static_cast<T*>(sx), static_cast<T*>(sg), t);
+  });
+}
+
+std::int64_t tridiag_factor(DType t, std::int64_t N, const void* d, const void* up, const void* lo, void* cp,
+                            void* den, double* bad_pivot) {
+  if (N <= 0) return -1;
+  void* flag = nullptr;
+  int dev = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  flag = cuda_rt::allocate(dev, sizeof(long long));
+  long long row = -1;
+  try {
+    auto* f = static_cast<long long*>(flag);
+    check_call(cudaMemsetAsync(f, 0xff, sizeof(long long), 0), "cudaMemsetAsync");  // -1: no bad pivot
+    by_type(t, [&](auto z) {
+      using T = decltype(z);
+      tridiag_factor_kernel<<<1, 1>>>(N, static_cast<const T*>(d), static_cast<const T*>(up),
+                                      static_cast<const T*>(lo), static_cast<T*>(cp), static_cast<T*>(den), f);
+    });
+    check_launch("tridiag (pivots)");
+    // the default stream orders this copy after the kernel; it returns when done
+    check_call(cudaMemcpy(&row, f, sizeof row, cudaMemcpyDeviceToHost), "cudaMemcpy (pivot check)");
+    if (row >= 0) {
+      by_type(t, [&](auto z) {
+        using T = decltype(z);
+        T p{};
+        check_call(cudaMemcpy(&p, static_cast<const T*>(den) + row, sizeof p, cudaMemcpyDeviceToHost),
+                   "cudaMemcpy (bad pivot)");
+        *bad_pivot = static_cast<double>(p);
+      });
+    }
+  } catch (...) {
+    cuda_rt::deallocate(dev, flag, sizeof(long long));
+    throw;
+  }
+  cuda_rt::deallocate(dev, flag, sizeof(long long));
+  return static_cast<std::int64_t>(row);
+}
+
+void tridiag_apply(DType t, std::int64_t N, std::int64_t outer, std::int64_t inner, const void* lo, const void* cp,
+                   const void* den, const void* b, void* y) {
+  if (N <= 0 || outer * inner <= 0) return;
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    tridiag_apply_kernel<<<grid_for(outer * inner, kThreads), kThreads>>>(
+        N, outer, inner, static_cast<const T*>(lo), static_cast<const T*>(cp), static_cast<const T*>(den),
+        static_cast<const T*>(b), static_cast<T*>(y));
+  });
+  check_launch("tridiag_solve");
+}
+
+void tridiag_band_grads(DType t, std::int64_t N, std::int64_t outer, std::int64_t inner, const void* lam,
+                        const void* y, void* dd, void* dup, void* dlo) {
+  if (N <= 0) return;
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    tridiag_grads_kernel<<<grid_for(N, kThreads), kThreads>>>(N, outer, inner, static_cast<const T*>(lam),
+                                                              static_cast<const T*>(y), static_cast<T*>(dd),
+                                                              static_cast<T*>(dup), static_cast<T*>(dlo));
+  });
+  check_launch("tridiag_solve_backward (band gradients)");
+}
+
+void resolvent_diag(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                    const void* z, void* out, double* ws) {
+  if (N <= 0 || K <= 0) return;
+  by_type(t, [&](auto zz) {
+    using T = decltype(zz);
+    resolvent_kernel<<<grid_for(K, kThreads), kThreads>>>(N, K, static_cast<const T*>(d), static_cast<const T*>(up),
+                                                          static_cast<const T*>(lo), static_cast<const T*>(z),
+                                                          static_cast<T*>(out), ws);
+  });
+  check_launch("tridiag_resolvent_diag");
+}
+
+void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                             const void* z, const void* dg, void* dd, void* dup, void* dlo, void* dz, double* ws) {
+  if (N <= 0) return;
+  by_type(t, [&](auto zz) {
+    using T = decltype(zz);
+    if (K > 0) {
+      resolvent_backward_kernel<<<grid_for(K, kThreads), kThreads>>>(
+          N, K, static_cast<const T*>(d), static_cast<const T*>(up), static_cast<const T*>(lo),
+          static_cast<const T*>(z), static_cast<const T*>(dg), static_cast<T*>(dz), ws);
+      check_launch("tridiag_resolvent_diag_backward");
+    }
+    resolvent_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, static_cast<const T*>(up),
+                                                              static_cast<const T*>(lo), ws, static_cast<T*>(dd),
+                                                              static_cast<T*>(dup), static_cast<T*>(dlo));
+    check_launch("tridiag_resolvent_diag_backward (sums over shifts)");
+  });
+}
+
+}  // namespace ad::cuda_k
