@@ -325,23 +325,13 @@ template <class T> __global__ void tridiag_grads_kernel(i64 N, i64 outer, i64 in
 }
 
 // ---- resolvent diagonal: one thread per shift, the CPU's recurrences in double ----
-template <class T> __device__ void ratios(i64 N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
-  r[0] = static_cast<double>(d[0]) - z;
-  for (i64 i = 1; i < N; ++i)
-    r[i] = semisep::resolvent_ratio(static_cast<double>(d[i]) - z,
-                                    static_cast<double>(up[i - 1]) * static_cast<double>(lo[i - 1]), r[i - 1]);
-  s[N - 1] = static_cast<double>(d[N - 1]) - z;
-  for (i64 i = N - 2; i >= 0; --i)
-    s[i] = semisep::resolvent_ratio(static_cast<double>(d[i]) - z,
-                                    static_cast<double>(up[i]) * static_cast<double>(lo[i]), s[i + 1]);
-}
 template <class T> __global__ void resolvent_kernel(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z,
                                                     T* out, double* w) {
   for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
        k += static_cast<i64>(gridDim.x) * blockDim.x) {
     double *r = w + 2 * k * N, *s = r + N;
     const double zk = static_cast<double>(z[k]);
-    ratios(N, d, up, lo, zk, r, s);
+    semisep::resolvent_ratios(N, d, up, lo, zk, r, s);
     for (i64 i = 0; i < N; ++i)
       out[k * N + i] = static_cast<T>(semisep::resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk));
   }
@@ -353,31 +343,8 @@ template <class T> __global__ void resolvent_backward_kernel(i64 N, i64 K, const
        k += static_cast<i64>(gridDim.x) * blockDim.x) {
     double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
     const double zk = static_cast<double>(z[k]);
-    ratios(N, d, up, lo, zk, r, s);
-    auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
-    auto dbar = [&](i64 i) {
-      const double G = semisep::resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk);
-      return -static_cast<double>(dg[k * N + i]) * G * G;
-    };
-    for (i64 i = 0; i < N; ++i) {
-      ab[i] = -dbar(i);
-      eb[i] = 0;
-    }
-    double rb = 0;
-    for (i64 i = N - 1; i >= 0; --i) {
-      rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
-      ab[i] += rb;
-      if (i >= 1) eb[i - 1] -= rb / r[i - 1];
-    }
-    double sb = 0;
-    for (i64 i = 0; i < N; ++i) {
-      sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
-      ab[i] += sb;
-      if (i + 1 < N) eb[i] -= sb / s[i + 1];
-    }
-    double sz = 0;
-    for (i64 i = 0; i < N; ++i) sz += ab[i];
-    dz[k] = static_cast<T>(-sz);
+    semisep::resolvent_ratios(N, d, up, lo, zk, r, s);
+    dz[k] = static_cast<T>(semisep::resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, eb));
   }
 }
 // Sums over shifts in order, one thread per row.

@@ -37,6 +37,51 @@ template <class T> AD_HD T thomas_pivot(T diag, T lo_prev, T c_prev) { return di
 AD_HD double resolvent_ratio(double a, double e, double prev) { return a - e / prev; }
 // diag((T - zI)^-1)_i = theta_{i-1} phi_{i+1} / theta_N = 1 / (r_i + s_i - a_i).
 AD_HD double resolvent_diag(double r, double s, double a) { return 1.0 / (r + s - a); }
+// Both ratio sweeps of one shift z over rows [0, N): r[i] and s[i].
+template <class T>
+AD_HD void resolvent_ratios(std::int64_t N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
+  r[0] = static_cast<double>(d[0]) - z;
+  for (std::int64_t i = 1; i < N; ++i)
+    r[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i - 1]) * static_cast<double>(lo[i - 1]),
+                           r[i - 1]);
+  s[N - 1] = static_cast<double>(d[N - 1]) - z;
+  for (std::int64_t i = N - 2; i >= 0; --i)
+    s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i]) * static_cast<double>(lo[i]),
+                           s[i + 1]);
+}
+// Reverse mode of one shift, given its ratios r, s and the cotangent dg of
+// G_i = 1 / D_i, D_i = r_i + s_i - a_i: Dbar_i = -dg_i G_i^2;
+// rbar_i = Dbar_i + rbar_{i+1} e_i / r_i^2, sbar_i = Dbar_i + sbar_{i-1} e_{i-1} / s_i^2;
+// ab_i = rbar_i + sbar_i - Dbar_i (= dL/da_i); eb_{i-1} -= rbar_i / r_{i-1},
+// eb_i -= sbar_i / s_{i+1} (= dL/de_i). Returns dL/dz = -sum ab.
+template <class T>
+AD_HD double resolvent_backward_sweep(std::int64_t N, const T* d, const T* up, const T* lo, double z, const T* dg,
+                                      const double* r, const double* s, double* ab, double* eb) {
+  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+  auto dbar = [&](std::int64_t i) {
+    double G = resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - z);
+    return -static_cast<double>(dg[i]) * G * G;
+  };
+  for (std::int64_t i = 0; i < N; ++i) {
+    ab[i] = -dbar(i);
+    eb[i] = 0;
+  }
+  double rb = 0;
+  for (std::int64_t i = N - 1; i >= 0; --i) {
+    rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
+    ab[i] += rb;
+    if (i >= 1) eb[i - 1] -= rb / r[i - 1];
+  }
+  double sb = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
+    sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
+    ab[i] += sb;
+    if (i + 1 < N) eb[i] -= sb / s[i + 1];
+  }
+  double sz = 0;
+  for (std::int64_t i = 0; i < N; ++i) sz += ab[i];
+  return -sz;
+}
 // Complex shifts: the same ratios in complex arithmetic with e real. e / w
 // for w = c + i d by Smith's method (no c^2 + d^2, so no overflow or
 // underflow for any finite w). With d = 0 the real part is exactly e / c,

@@ -103,13 +103,6 @@ std::size_t resolvent_ws_bytes(i64 N, i64 K) {
 
 namespace {
 // r_i = theta_i / theta_{i-1}, s_i = phi_i / phi_{i+1} of A = T - zI, in double.
-template <class T> void ratios(i64 N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
-  auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
-  r[0] = static_cast<double>(d[0]) - z;
-  for (i64 i = 1; i < N; ++i) r[i] = resolvent_ratio(static_cast<double>(d[i]) - z, e(i - 1), r[i - 1]);
-  s[N - 1] = static_cast<double>(d[N - 1]) - z;
-  for (i64 i = N - 2; i >= 0; --i) s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, e(i), s[i + 1]);
-}
 }  // namespace
 
 template <class T>
@@ -118,7 +111,7 @@ void resolvent_diag(i64 N, i64 K, const T* d, const T* up, const T* lo, const T*
   parallel::parallel_for(K, 12.0 * static_cast<double>(N * K), [&](i64 k) {
     double *r = w + 2 * k * N, *s = r + N;
     double zk = static_cast<double>(z[k]);
-    ratios(N, d, up, lo, zk, r, s);
+    resolvent_ratios(N, d, up, lo, zk, r, s);
     for (i64 i = 0; i < N; ++i) out[k * N + i] = static_cast<T>(resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk));
   });
 }
@@ -129,10 +122,9 @@ std::size_t resolvent_backward_ws_bytes(i64 N, i64 K) {
   return c.bytes;
 }
 
-// G_i = 1/D_i, D_i = r_i + s_i - a_i. Reverse mode through the two ratio
-// recurrences: Dbar_i = -w_i G_i^2; rbar_i = Dbar_i + rbar_{i+1} e_i / r_i^2,
-// sbar_i = Dbar_i + sbar_{i-1} e_{i-1} / s_i^2; abar_i = rbar_i + sbar_i - Dbar_i;
-// ebar_{i-1} -= rbar_i / r_{i-1}, ebar_i -= sbar_i / s_{i+1}; dz = -sum abar.
+// Reverse mode through the two ratio recurrences, one shift per task
+// (resolvent_backward_sweep, shared with the CUDA kernel), then the shifts'
+// contributions summed in order.
 template <class T>
 void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z, const T* dg, T* dd,
                              T* dup, T* dlo, T* dz, void* ws) {
@@ -140,28 +132,8 @@ void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo,
   parallel::parallel_for(K, 30.0 * static_cast<double>(N * K), [&](i64 k) {
     double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
     double zk = static_cast<double>(z[k]);
-    ratios(N, d, up, lo, zk, r, s);
-    auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
-    auto dbar = [&](i64 i) {
-      double G = resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk);
-      return -static_cast<double>(dg[k * N + i]) * G * G;
-    };
-    for (i64 i = 0; i < N; ++i) { ab[i] = -dbar(i); eb[i] = 0; }
-    double rb = 0;
-    for (i64 i = N - 1; i >= 0; --i) {
-      rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
-      ab[i] += rb;
-      if (i >= 1) eb[i - 1] -= rb / r[i - 1];
-    }
-    double sb = 0;
-    for (i64 i = 0; i < N; ++i) {
-      sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
-      ab[i] += sb;
-      if (i + 1 < N) eb[i] -= sb / s[i + 1];
-    }
-    double sz = 0;
-    for (i64 i = 0; i < N; ++i) sz += ab[i];
-    dz[k] = static_cast<T>(-sz);
+    resolvent_ratios(N, d, up, lo, zk, r, s);
+    dz[k] = static_cast<T>(resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, eb));
   });
   // sum over shifts in order
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
