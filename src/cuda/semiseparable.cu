@@ -301,27 +301,12 @@ template <class T> __global__ void tridiag_apply_kernel(i64 N, i64 outer, i64 in
     for (i64 i = N - 2; i >= 0; --i) yo[i * inner] -= cp[i] * yo[(i + 1) * inner];
   }
 }
-// dd_i = -sum lam_i y_i, dup_i = -sum lam_i y_{i+1}, dlo_i = -sum lam_{i+1} y_i, in double, the CPU's order.
+// One thread per row: the CPU's band gradients (tridiag_band_grads_row).
 template <class T> __global__ void tridiag_grads_kernel(i64 N, i64 outer, i64 inner, const T* lam, const T* y, T* dd,
                                                         T* dup, T* dlo) {
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    double sd = 0, su = 0, sl = 0;
-    for (i64 o = 0; o < outer; ++o) {
-      const T* li = lam + (o * N + i) * inner;
-      const T* yi = y + (o * N + i) * inner;
-      for (i64 c = 0; c < inner; ++c) sd += static_cast<double>(li[c]) * yi[c];
-      if (i + 1 < N) {
-        for (i64 c = 0; c < inner; ++c) su += static_cast<double>(li[c]) * yi[inner + c];
-        for (i64 c = 0; c < inner; ++c) sl += static_cast<double>(li[inner + c]) * yi[c];
-      }
-    }
-    dd[i] = static_cast<T>(-sd);
-    if (i + 1 < N) {
-      dup[i] = static_cast<T>(-su);
-      dlo[i] = static_cast<T>(-sl);
-    }
-  }
+       i += static_cast<i64>(gridDim.x) * blockDim.x)
+    semisep::tridiag_band_grads_row(i, N, outer, inner, lam, y, dd, dup, dlo);
 }
 
 // ---- resolvent diagonal: one thread per shift, the CPU's recurrences in double ----

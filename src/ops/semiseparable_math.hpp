@@ -30,6 +30,30 @@ template <class T> AD_HD T tridiag_row(T lo_prev, T diag, T up, T x_prev, T x, T
 // c_i = up_i / den_i (c_{-1} = 0). Returns den_i (0 = zero pivot).
 template <class T> AD_HD T thomas_pivot(T diag, T lo_prev, T c_prev) { return diag - lo_prev * c_prev; }
 
+// Band gradients of a tridiagonal solve for row i, from lam = T^-T g and the
+// solution y, both (outer, N, inner): dd_i = -sum lam_i y_i,
+// dup_i = -sum lam_i y_{i+1}, dlo_i = -sum lam_{i+1} y_i, summed in double
+// over outer then inner, in order.
+template <class T>
+AD_HD void tridiag_band_grads_row(std::int64_t i, std::int64_t N, std::int64_t outer, std::int64_t inner, const T* lam,
+                                  const T* y, T* dd, T* dup, T* dlo) {
+  double sd = 0, su = 0, sl = 0;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    const T* li = lam + (o * N + i) * inner;
+    const T* yi = y + (o * N + i) * inner;
+    for (std::int64_t c = 0; c < inner; ++c) sd += static_cast<double>(li[c]) * yi[c];
+    if (i + 1 < N) {
+      for (std::int64_t c = 0; c < inner; ++c) su += static_cast<double>(li[c]) * yi[inner + c];
+      for (std::int64_t c = 0; c < inner; ++c) sl += static_cast<double>(li[inner + c]) * yi[c];
+    }
+  }
+  dd[i] = static_cast<T>(-sd);
+  if (i + 1 < N) {
+    dup[i] = static_cast<T>(-su);
+    dlo[i] = static_cast<T>(-sl);
+  }
+}
+
 // Ratio form of the theta/phi recurrences of A = T - z I (a_i = d_i - z,
 // e_i = up_i lo_i): r_i = theta_i / theta_{i-1} = a_i - e_{i-1} / r_{i-1},
 // s_i = phi_i / phi_{i+1} = a_i - e_i / s_{i+1}. The ratios stay O(|a| + |e|/|r|)

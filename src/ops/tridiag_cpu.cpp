@@ -74,23 +74,7 @@ void tridiag_solve_backward(const char* op, i64 N, i64 outer, i64 inner, const T
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel::parallel_for(blocks, 6.0 * static_cast<double>(outer * N * inner), [&](i64 t) {
     i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
-    for (i64 i = i0; i < i1; ++i) {
-      double sd = 0, su = 0, sl = 0;
-      for (i64 o = 0; o < outer; ++o) {
-        const T* li = lam + (o * N + i) * inner;
-        const T* yi = y + (o * N + i) * inner;
-        for (i64 c = 0; c < inner; ++c) sd += static_cast<double>(li[c]) * yi[c];
-        if (i + 1 < N) {
-          for (i64 c = 0; c < inner; ++c) su += static_cast<double>(li[c]) * yi[inner + c];
-          for (i64 c = 0; c < inner; ++c) sl += static_cast<double>(li[inner + c]) * yi[c];
-        }
-      }
-      dd[i] = static_cast<T>(-sd);
-      if (i + 1 < N) {
-        dup[i] = static_cast<T>(-su);
-        dlo[i] = static_cast<T>(-sl);
-      }
-    }
+    for (i64 i = i0; i < i1; ++i) tridiag_band_grads_row(i, N, outer, inner, lam, y, dd, dup, dlo);
   });
 }
 
