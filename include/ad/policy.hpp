@@ -35,6 +35,14 @@ struct Policy {
   // and restored to their own dtype when used. f32 = off. Applies to the
   // keep-set policies (keep_all, manual, uniform, sqrt_n, selective).
   DType compress = DType::f32;
+  // Host offload: kept forward values move to host memory between the
+  // forward pass and their use in backward (Step offload / prefetch), so the
+  // graph's (the device's) memory holds only what is computed or read at
+  // the moment. On a GPU the copies run on the executor's copy stream into
+  // pinned buffers, each prefetch queued one compute step before its first
+  // reader so it overlaps with that step. Keep-set policies only; not with
+  // compression. Exact (bit-identical gradients).
+  bool offload = false;
   // Elementwise ops write over an input whose value dies there instead of
   // allocating (CPU). Lowers the peak, never raises it; off only to compare
   // with planners that do not model it (bench/remat's exact oracle).
@@ -43,6 +51,8 @@ struct Policy {
   std::string name() const;
   // This policy with activation compression to `storage` (f16 or bf16).
   Policy compressed(DType storage) const;
+  // This policy with host offload of its kept values (see `offload`).
+  Policy offloaded() const;
 };
 
 namespace policy {

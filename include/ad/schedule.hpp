@@ -18,11 +18,15 @@ namespace ad {
 //   accumulate: add the node's value into sinks[aux].grad();
 //   compress: store the node's value as DType(aux) (f16/bf16), freeing the original;
 //   decompress: restore the value to the node's own dtype.
+//   offload: copy the node's value to host memory (pinned, on the executor's
+//     copy stream, for a value on a GPU) and drop it from the graph's memory;
+//   prefetch: bring an offloaded value back into the graph's memory. Nothing
+//     may read the value between its offload and its prefetch.
 //   A compute step with reuse = u >= 0 writes the node's value over input
 //   u's buffer (u's value dies here: the schedule's next step about u frees
 //   it), allocating nothing.
 struct Step {
-  enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress };
+  enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress, offload, prefetch };
   Kind kind;
   std::int32_t node;
   std::int32_t aux = -1;
@@ -40,6 +44,7 @@ struct Schedule {
   double recompute_flops = 0;         // their cost by the op cost model
   std::int64_t kept_bytes = 0;        // forward values held when the loss was first computed
   std::int64_t budget_bytes = 0;      // > 0: the executor never lets the step exceed this (policy::budget)
+  std::int64_t offload_peak_bytes = 0;  // most bytes held offloaded in host memory at once
   std::string policy;                 // name of the policy that made it
   double plan_ms = 0;
   bool from_cache = false;
@@ -70,6 +75,7 @@ struct RunStats {
   std::int64_t computed_nodes = 0;
   std::int64_t recomputed_nodes = 0;     // computes of a node already computed earlier in this run
   std::int64_t evictions = 0;            // values the budget guard had to evict (0 when the plan was right)
+  std::int64_t offload_peak_bytes = 0;   // most bytes held offloaded in host memory at once
   double run_ms = 0;
 };
 
@@ -110,6 +116,7 @@ struct Report {
   std::int64_t recomputed_nodes = 0;
   double recompute_flops = 0;             // extra flops spent recomputing (cost model)
   std::int64_t evictions = 0;             // values the executor's budget guard evicted (0 when the plan is exact)
+  std::int64_t offload_peak_bytes = 0;    // most bytes the step held offloaded in host memory at once
   std::int64_t steps = 0;
   bool plan_cached = false;               // the plan came from the policy's cache
   double plan_ms = 0;

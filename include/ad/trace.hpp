@@ -20,6 +20,8 @@ struct TraceEvent {
     accumulate,  // a gradient added into its Parameter (span)
     compress,    // a value stored in a smaller dtype (span)
     decompress,  // restored (span)
+    offload,     // a value copied to host memory (span: the host's part; a GPU copy runs on)
+    prefetch,    // an offloaded value brought back (span, likewise)
     alloc,       // bytes allocated for a node's value or an op's workspace (instant)
     free,        // a node's value dropped by the schedule (instant)
     evict,       // a value dropped by the executor's budget guard (instant)

@@ -70,6 +70,7 @@ std::string write_dot(const GraphImpl& g, const planner::Fates* f, const Schedul
     } else {
       fate = f->present_at_end[i] ? "kept" : "kept until last use";
       if (f->compressed[i]) fate += ", compressed";
+      if (f->offloaded[i]) fate += ", offloaded";
       fill = "palegreen";
     }
     if (f && !leaf && f->computes[i] && !f->forward(i)) extra += ", style=\"rounded,filled,dashed\"";

@@ -33,6 +33,7 @@ std::string explain(const Plan& plan) {
     } else {
       fate = f.present_at_end[i] ? "kept" : "kept until last use";
       if (f.compressed[i]) fate += ", stored compressed";
+      if (f.offloaded[i]) fate += ", offloaded to host until backward";
       why = nd.checkpoint ? "checkpoint (ad::checkpoint)" : fmt::format("{} keeps it", s.policy);
     }
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", i, def.name, describe(nd.meta),

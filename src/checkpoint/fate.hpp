@@ -13,7 +13,7 @@ struct Fates {
   std::int32_t boundary = -1;               // forward nodes: ids <= the last target
   std::vector<std::int32_t> computes;       // compute steps per node
   std::vector<std::int32_t> recomputed;     // computes after the value had been freed
-  std::vector<char> present_at_end, target, compressed;
+  std::vector<char> present_at_end, target, compressed, offloaded;
   bool forward(std::size_t i) const { return static_cast<std::int32_t>(i) <= boundary; }
 };
 
@@ -28,6 +28,7 @@ inline Fates fates(const Schedule& s) {
   f.present_at_end.assign(f.n, 0);
   f.target.assign(f.n, 0);
   f.compressed.assign(f.n, 0);
+  f.offloaded.assign(f.n, 0);
   for (auto t : s.targets) {
     f.target[static_cast<std::size_t>(t)] = 1;
     f.boundary = std::max(f.boundary, t);
@@ -42,6 +43,8 @@ inline Fates fates(const Schedule& s) {
       f.present_at_end[u] = 0;
     } else if (st.kind == Step::Kind::compress) {
       f.compressed[u] = 1;
+    } else if (st.kind == Step::Kind::offload) {
+      f.offloaded[u] = 1;
     }
   }
   return f;

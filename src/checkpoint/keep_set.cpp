@@ -123,7 +123,7 @@ Builder::Builder(const Problem& prob) : p(prob) {
   auto n = static_cast<std::size_t>(p.hi + 1);
   present_.assign(n, 0);
   computed_.assign(n, 0);
-  compressed_.assign(n, 0);
+  stored_.assign(n, kHere);
   cursor_.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) present_[i] = p.g.nodes[i].value.defined();
   s.steps.reserve(3 * p.order.size());
@@ -154,14 +154,21 @@ void Builder::free(std::int32_t id) {
   if (!present_[u] || p.pinned[u]) return;
   s.steps.push_back({Step::Kind::free, id});
   present_[u] = 0;
-  compressed_[u] = 0;
+  stored_[u] = kHere;
 }
 
 void Builder::compress(std::int32_t id, DType storage) {
   auto u = static_cast<std::size_t>(id);
-  if (!present_[u] || compressed_[u] || p.pinned[u]) return;
+  if (!present_[u] || stored_[u] != kHere || p.pinned[u]) return;
   s.steps.push_back({Step::Kind::compress, id, static_cast<std::int32_t>(storage)});
-  compressed_[u] = 1;
+  stored_[u] = kCompressed;
+}
+
+void Builder::offload(std::int32_t id) {
+  auto u = static_cast<std::size_t>(id);
+  if (!present_[u] || stored_[u] != kHere || p.pinned[u]) return;
+  s.steps.push_back({Step::Kind::offload, id});
+  stored_[u] = kOffloaded;
 }
 
 void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched,
@@ -170,16 +177,17 @@ void Builder::ensure(std::int32_t id, std::vector<std::int32_t>* touched,
   while (!stack.empty()) {
     std::int32_t t = stack.back();
     if (present(t)) {
-      if (compressed(t)) {  // restored to its own dtype before anything reads it
-        s.steps.push_back({Step::Kind::decompress, t});
-        compressed_[static_cast<std::size_t>(t)] = 0;
+      auto& st = stored_[static_cast<std::size_t>(t)];
+      if (st != kHere) {  // restored to its own dtype, or brought back from host memory, before anything reads it
+        s.steps.push_back({st == kCompressed ? Step::Kind::decompress : Step::Kind::prefetch, t});
+        st = kHere;
       }
       stack.pop_back();
       continue;
     }
     bool waiting = false;
     for (auto in : p.g.node(t).inputs)
-      if (!present(in) || compressed(in)) { stack.push_back(in); waiting = true; break; }
+      if (!present(in) || stored_[static_cast<std::size_t>(in)] != kHere) { stack.push_back(in); waiting = true; break; }
     if (waiting) continue;
     compute(t);
     if (touched) touched->push_back(t);
@@ -216,7 +224,17 @@ std::vector<std::int32_t> horizons(const Problem& p, const std::vector<char>& ke
   return h;
 }
 
-Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress) {
+// A kept forward value worth storing away (compressed or offloaded) until
+// backward: it owns its bytes and no view shares them.
+bool storable(const Problem& p, std::int32_t u) {
+  const Node& nd = p.g.node(u);
+  if (op_def(nd.op).view || p.bytes[static_cast<std::size_t>(u)] <= 0) return false;
+  for (auto c : p.consumers[static_cast<std::size_t>(u)])
+    if (op_def(p.g.node(c).op).view) return false;
+  return true;
+}
+
+Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress, bool offload) {
   Builder b(p);
   const std::int32_t L = p.boundary;
   const auto h = horizons(p, keep);
@@ -267,12 +285,48 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compres
       else if (nu >= 0 && nu <= L) drop = false;                  // forward still reads it
       else drop = !keep[uu] || h[uu] <= d;                        // forward done: keep only what is kept
       if (drop) b.free(u);
-      else if (compress != DType::f32 && u <= L && d <= L && (nu < 0 || nu > L) && !op_def(p.g.node(u).op).view &&
-               is_compute_float(p.g.node(u).meta.dtype) && p.bytes[uu] > 0)
-        b.compress(u, compress);  // held for backward: store it small until then
+      else if (u <= L && d <= L && (nu < 0 || nu > L)) {  // held for backward
+        if (offload && storable(p, u)) b.offload(u);       // in host memory until then
+        else if (compress != DType::f32 && !op_def(p.g.node(u).op).view && p.bytes[uu] > 0 &&
+                 is_compute_float(p.g.node(u).meta.dtype))
+          b.compress(u, compress);  // stored small until then
+      }
     }
   }
   return b.finish();
+}
+
+void hoist_prefetches(const Problem& p, Schedule& s) {
+  auto& st = s.steps;
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    if (st[i].kind != Step::Kind::prefetch) continue;
+    // the compute step before it, with no step about this node in between
+    std::size_t j = i;
+    while (j > 0 && st[j - 1].kind != Step::Kind::compute && st[j - 1].node != st[i].node) --j;
+    if (j == 0 || st[j - 1].kind != Step::Kind::compute || st[j - 1].node == st[i].node) continue;
+    const Node& c = p.g.node(st[j - 1].node);
+    if (std::find(c.inputs.begin(), c.inputs.end(), st[i].node) != c.inputs.end()) continue;  // (never: it is offloaded)
+    std::rotate(st.begin() + static_cast<std::ptrdiff_t>(j - 1), st.begin() + static_cast<std::ptrdiff_t>(i),
+                st.begin() + static_cast<std::ptrdiff_t>(i + 1));
+  }
+}
+
+std::int64_t offload_peak(const Problem& p, const Schedule& s) {
+  std::vector<char> away(static_cast<std::size_t>(p.hi + 1), 0);
+  std::int64_t now = 0, peak = 0;
+  for (const Step& st : s.steps) {
+    auto u = static_cast<std::size_t>(st.node);
+    if (u >= away.size()) continue;
+    auto b = static_cast<std::int64_t>(p.g.node(st.node).meta.nbytes());
+    if (st.kind == Step::Kind::offload && !away[u]) {
+      away[u] = 1;
+      peak = std::max(peak, now += b);
+    } else if ((st.kind == Step::Kind::prefetch || st.kind == Step::Kind::free) && away[u]) {
+      away[u] = 0;
+      now -= b;
+    }
+  }
+  return peak;
 }
 
 void reuse_dying_inputs(const Problem& p, Schedule& s) {

@@ -28,6 +28,7 @@ std::string Policy::name() const {
 }
 std::string policy_name(const Policy& p) {
   std::string n = p.name();
+  if (p.offload) n += "+offload";
   return p.compress == DType::f32 ? n : fmt::format("{}+{}", n, dtype_name(p.compress));
 }
 
@@ -36,9 +37,21 @@ Policy Policy::compressed(DType storage) const {
     throw Error(fmt::format("Policy::compressed: storage dtype must be f16 or bf16, got {}", dtype_name(storage)));
   if (kind == Kind::budget || kind == Kind::optimal_chain)
     throw Error(fmt::format("Policy::compressed: not available for {}", name()));
+  if (offload) throw Error(fmt::format("Policy::compressed: not available with host offload ({})", policy_name(*this)));
   Policy p = *this;
   p.compress = storage;
   p.cache = std::make_shared<PlanCache>();  // plans differ from the uncompressed policy's
+  return p;
+}
+
+Policy Policy::offloaded() const {
+  if (kind == Kind::budget || kind == Kind::optimal_chain)
+    throw Error(fmt::format("Policy::offloaded: not available for {}", name()));
+  if (compress != DType::f32)
+    throw Error(fmt::format("Policy::offloaded: not available with compression ({})", policy_name(*this)));
+  Policy p = *this;
+  p.offload = true;
+  p.cache = std::make_shared<PlanCache>();  // plans differ from the policy's without offload
   return p;
 }
 
@@ -146,7 +159,9 @@ std::int64_t kept_bytes(const planner::Problem& p, const Schedule& s) {
       case Step::Kind::compress:
         now = p.g.node(st.node).meta.shape.numel() * static_cast<std::int64_t>(dtype_size(static_cast<DType>(st.aux)));
         break;
-      case Step::Kind::decompress: now = p.bytes[u]; break;
+      case Step::Kind::decompress:
+      case Step::Kind::prefetch: now = p.bytes[u]; break;
+      case Step::Kind::offload: now = 0; break;
       case Step::Kind::accumulate: break;
     }
     live += now - held[u];
@@ -181,10 +196,14 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   switch (policy.kind) {
     case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes, policy.reuse_buffers); break;
     case Policy::Kind::optimal_chain: s = planner::optimal_chain(p, policy.slots); break;
-    default: s = planner::keep_set(p, keep_mask(p, policy), policy.compress); break;
+    default:
+      s = planner::keep_set(p, keep_mask(p, policy), policy.compress, policy.offload);
+      if (policy.offload) planner::hoist_prefetches(p, s);
+      break;
   }
   if (policy.reuse_buffers) planner::reuse_dying_inputs(p, s);
   s.predicted_peak_bytes = simulate_peak(g, s);
+  s.offload_peak_bytes = planner::offload_peak(p, s);
   s.kept_bytes = kept_bytes(p, s);
   if (policy.kind == Policy::Kind::budget) s.budget_bytes = policy.budget_bytes;
   s.policy = policy_name(policy);
@@ -211,6 +230,7 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
   std::size_t n = g.nodes.size();
   std::vector<Instance> inst;
   std::vector<std::int32_t> holds(n, -1);  // instance held by each node's value
+  std::vector<char> away(n, 0);            // offloaded to host memory
   std::unordered_map<const Storage*, std::int32_t> existing;
   for (std::size_t i = 0; i < n; ++i) {
     const Tensor& v = g.nodes[i].value;
@@ -298,7 +318,26 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         holds[u] = static_cast<std::int32_t>(inst.size() - 1);
         break;
       }
+      case Step::Kind::offload:  // the graph's bytes leave; host bytes are not the graph's
+        if (holds[u] < 0)
+          throw Error(fmt::format("simulate_peak: offload of {} which holds no value (bad schedule)", name(st.node)));
+        if (g.nodes[u].meta.nbytes() == 0 || op_def(g.nodes[u].op).view)
+          throw Error(fmt::format("simulate_peak: offload of {}, a view or empty value (bad schedule)", name(st.node)));
+        release(holds[u]);
+        holds[u] = -1;
+        away[u] = 1;
+        break;
+      case Step::Kind::prefetch:
+        if (!away[u])
+          throw Error(fmt::format("simulate_peak: prefetch of {} which is not offloaded (bad schedule)", name(st.node)));
+        inst.push_back({static_cast<std::int64_t>(g.nodes[u].meta.nbytes()), 1, false});
+        live += inst.back().bytes;
+        peak = std::max(peak, live);
+        holds[u] = static_cast<std::int32_t>(inst.size() - 1);
+        away[u] = 0;
+        break;
     }
+    if (st.kind == Step::Kind::free) away[u] = 0;
   }
   return peak;
 }

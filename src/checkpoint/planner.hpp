@@ -59,7 +59,9 @@ class Builder {
   void free(std::int32_t id);      // no-op for pinned values
   void accumulate_sinks(std::int32_t id);
   void compress(std::int32_t id, DType storage);
-  bool compressed(std::int32_t id) const { return compressed_[static_cast<std::size_t>(id)] != 0; }
+  bool compressed(std::int32_t id) const { return stored_[static_cast<std::size_t>(id)] == kCompressed; }
+  void offload(std::int32_t id);  // to host memory until ensure() prefetches it
+  bool offloaded(std::int32_t id) const { return stored_[static_cast<std::size_t>(id)] == kOffloaded; }
   // Computes id and, recursively, any absent input (recomputing from the
   // nearest present values). Appends every node computed to `touched`, and
   // calls `computed(node)` right after each compute (so a planner can free
@@ -74,7 +76,8 @@ class Builder {
   Schedule s;
 
  private:
-  std::vector<char> present_, computed_, compressed_;
+  enum : char { kHere = 0, kCompressed, kOffloaded };  // how a present value is stored
+  std::vector<char> present_, computed_, stored_;
   std::vector<std::size_t> cursor_;
 };
 
@@ -82,8 +85,16 @@ class Builder {
 // pass no longer needs them and recomputed on demand in backward, where
 // recomputed values stay until their last use).
 // With `compress` f16/bf16, kept values are stored compressed between the
-// forward pass and their first use in backward.
-Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32);
+// forward pass and their first use in backward; with `offload`, they are
+// offloaded to host memory in between instead.
+Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32, bool offload = false);
+
+// Moves each prefetch step before the compute step that precedes it, so the
+// copy overlaps with that compute (the value then occupies the graph's
+// memory one step earlier; plan() simulates the result).
+void hoist_prefetches(const Problem& p, Schedule& s);
+// Most bytes held offloaded at once under `s`.
+std::int64_t offload_peak(const Problem& p, const Schedule& s);
 
 // Marks compute steps whose output can take over a dying input's buffer
 // (OpDef::overwrites; the schedule's next step about that input frees it;

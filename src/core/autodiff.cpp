@@ -128,6 +128,7 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
   r.computed_nodes = rs.computed_nodes;
   r.recomputed_nodes = rs.recomputed_nodes;
   r.evictions = rs.evictions;
+  r.offload_peak_bytes = rs.offload_peak_bytes;
   r.recompute_flops = p->schedule.recompute_flops;
   r.steps = static_cast<std::int64_t>(p->schedule.steps.size());
   r.plan_cached = p->schedule.from_cache;

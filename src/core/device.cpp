@@ -62,6 +62,11 @@ void deallocate(int, void*, std::size_t) noexcept {}
 void copy(void*, int, const void*, int, std::size_t) { no_cuda(); }
 void memset(int, void*, int, std::size_t) { no_cuda(); }
 void add_into(Tensor&, const Tensor&) { no_cuda(); }
+void* host_alloc(std::size_t) { no_cuda(); }
+void host_free(void*) noexcept {}
+void copy_to_host_async(int, void*, const void*, std::size_t) { no_cuda(); }
+void* copy_to_device_async(int, void*, const void*, std::size_t) { no_cuda(); }
+void wait_and_release(int, void*) { no_cuda(); }
 }  // namespace ad::cuda_rt
 
 namespace ad::cuda {

@@ -30,4 +30,24 @@ void copy(void* dst, int dst_dev, const void* src, int src_dev, std::size_t byte
 void memset(int dev, void* p, int value, std::size_t bytes);
 // dst += src elementwise (same shape and float dtype, both on one GPU).
 void add_into(Tensor& dst, const Tensor& src);
+
+// ---- host offload (the executor's Offload / Prefetch steps) ----
+// Kernels run on the device's compute stream (the default stream); copies
+// for offload run on a second, non-blocking copy stream per device, created
+// on first use. Events are opaque handles.
+// Pinned host memory (cached: freed blocks are reused, each only once the
+// copies queued on it have completed).
+void* host_alloc(std::size_t bytes);
+void host_free(void* p) noexcept;
+// Queues dst (pinned host) <- src (device `dev`), or dst (device) <- src
+// (pinned host), on the copy stream, after all work queued so far on the
+// compute stream. Both blocks are marked busy until the copy completes:
+// freeing either defers its reuse. Copies on the copy stream run in order,
+// so a value's prefetch always follows its offload. copy_to_device_async
+// returns an event that completes with the copy (for wait_and_release).
+void copy_to_host_async(int dev, void* dst, const void* src, std::size_t bytes);
+void* copy_to_device_async(int dev, void* dst, const void* src, std::size_t bytes);
+// The compute stream waits (on the device, not the host) for `event`, which
+// is then released.
+void wait_and_release(int dev, void* event);
 }  // namespace ad::cuda_rt

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/graph_impl.hpp"
 #include "core/device.hpp"
@@ -51,6 +52,15 @@ class Runner {
     }
   }
 
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+  ~Runner() {  // a run cut short by an error: the copies in flight and host buffers
+    try {
+      settle();
+    } catch (...) {
+    }
+  }
+
   RunStats run() {
     auto t0 = std::chrono::steady_clock::now();
     r_.baseline_bytes = g_.alloc->reset_peak();
@@ -73,6 +83,8 @@ class Runner {
           break;
         case Step::Kind::free:
           if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
+          arrived(st.node);
+          drop_host_copy(st.node);
           nd.value = Tensor{};
           if (budget_ > 0) evicted_[static_cast<std::size_t>(st.node)] = 0;
           mark_live();
@@ -85,6 +97,7 @@ class Runner {
           if (!nd.value.defined())
             throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
+          arrived(st.node);
           {
             double ts = trace_ ? trace_->now_us() : 0;
             const Parameter& sink = s_.sinks[static_cast<std::size_t>(st.aux)];
@@ -114,8 +127,11 @@ class Runner {
           }
           break;
         }
+        case Step::Kind::offload: offload(st.node); break;
+        case Step::Kind::prefetch: prefetch(st.node); break;
       }
     }
+    settle();
     // values the guard recomputed that the schedule did not keep
     for (auto id : extra_)
       if (std::find(target_.begin(), target_.end(), id) == target_.end()) {
@@ -160,6 +176,9 @@ class Runner {
                                   id, op_def(g_.node(in).op).name, in));
         continue;
       }
+      if (away_.count(in))
+        throw Error(fmt::format("execute: {}#{} reads {}#{} while it is offloaded to host memory (bad schedule)",
+                                def.name, id, op_def(g_.node(in).op).name, in));
       if (budget_ > 0 && (evicted_[static_cast<std::size_t>(in)] || depth_ > 0)) {
         // evicted by the guard, or needed to recompute such a value: recompute on demand
         ++depth_;
@@ -184,7 +203,10 @@ class Runner {
     }
     if (budget_ > 0) make_room(id, (def.view || dst || victim ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
     ins_.clear();
-    for (auto in : nd.inputs) ins_.push_back(&g_.node(in).value);
+    for (auto in : nd.inputs) {
+      arrived(in);
+      ins_.push_back(&g_.node(in).value);
+    }
     Tensor out;
     if (victim) {
       out = *victim;
@@ -233,6 +255,95 @@ class Runner {
       last_[u] = ++clock_;
       for (auto in : nd.inputs) last_[static_cast<std::size_t>(in)] = clock_;
     }
+  }
+
+  // ---- host offload ----
+  // A value in host memory: a host tensor (for a CPU value) or a pinned
+  // block written by the copy stream (for a GPU value).
+  struct HostCopy {
+    Tensor host;
+    void* pinned = nullptr;
+    std::int64_t bytes = 0;
+  };
+  static std::shared_ptr<Allocator> host_allocator() {  // CPU values offloaded: apart from the graph's bytes
+    static const auto a = std::make_shared<Allocator>(Device::cpu());
+    return a;
+  }
+
+  void offload(std::int32_t id) {
+    Node& nd = g_.node(id);
+    if (!nd.value.defined() || away_.count(id))
+      throw Error(fmt::format("execute: offload of {}#{} which holds no value (bad schedule)", op_def(nd.op).name, id));
+    if (op_def(nd.op).view)
+      throw Error(fmt::format("execute: offload of {}#{}, a view (bad schedule)", op_def(nd.op).name, id));
+    double ts = trace_ ? trace_->now_us() : 0;
+    HostCopy c;
+    c.bytes = static_cast<std::int64_t>(nd.value.nbytes());
+    if (nd.value.is_cuda()) {
+      c.pinned = cuda_rt::host_alloc(static_cast<std::size_t>(c.bytes));
+      try {
+        cuda_rt::copy_to_host_async(nd.value.device().index, c.pinned, nd.value.raw(), static_cast<std::size_t>(c.bytes));
+      } catch (...) {
+        cuda_rt::host_free(c.pinned);
+        throw;
+      }
+    } else {
+      c.host = Tensor::empty(nd.value.shape(), nd.value.dtype(), Device::cpu(), host_allocator());
+      c.host.copy_from(nd.value);
+    }
+    host_now_ += c.bytes;
+    r_.offload_peak_bytes = std::max(r_.offload_peak_bytes, host_now_);
+    away_.emplace(id, std::move(c));
+    if (trace_) note_release(id, nd.value, TraceEvent::Kind::free);
+    nd.value = Tensor{};  // on a GPU its block is reused only once the copy has read it
+    if (trace_) {
+      span(TraceEvent::Kind::offload, id, ts, op_def(nd.op).name);
+      mark_live();
+    }
+  }
+
+  void prefetch(std::int32_t id) {
+    Node& nd = g_.node(id);
+    auto it = away_.find(id);
+    if (it == away_.end())
+      throw Error(fmt::format("execute: prefetch of {}#{} which is not offloaded (bad schedule)", op_def(nd.op).name, id));
+    double ts = trace_ ? trace_->now_us() : 0;
+    Tensor t = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
+    if (trace_) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(t.nbytes()));
+    HostCopy& c = it->second;
+    if (c.pinned) {  // its readers wait for the copy (arrived())
+      arriving_[id] = cuda_rt::copy_to_device_async(t.device().index, t.raw(), c.pinned, static_cast<std::size_t>(c.bytes));
+    } else {
+      t.copy_from(c.host);
+    }
+    nd.value = std::move(t);
+    drop_host_copy(id);
+    if (trace_) {
+      span(TraceEvent::Kind::prefetch, id, ts, op_def(nd.op).name);
+      mark_live();
+    }
+  }
+
+  // Before anything reads a prefetched value: the compute stream waits for its copy.
+  void arrived(std::int32_t id) {
+    if (arriving_.empty()) return;
+    auto it = arriving_.find(id);
+    if (it == arriving_.end()) return;
+    void* ev = it->second;
+    arriving_.erase(it);
+    cuda_rt::wait_and_release(g_.node(id).meta.device.index, ev);
+  }
+  void drop_host_copy(std::int32_t id) {
+    auto it = away_.find(id);
+    if (it == away_.end()) return;
+    if (it->second.pinned) cuda_rt::host_free(it->second.pinned);  // reused once its copies are done
+    host_now_ -= it->second.bytes;
+    away_.erase(it);
+  }
+  // End of the run: no copy left unwaited, no host copy kept.
+  void settle() {
+    while (!arriving_.empty()) arrived(arriving_.begin()->first);
+    while (!away_.empty()) drop_host_copy(away_.begin()->first);
   }
 
   void make_room(std::int32_t id, std::int64_t need) {
@@ -300,6 +411,9 @@ class Runner {
   std::vector<std::int32_t> target_;
   std::vector<const Tensor*> ins_;
   std::vector<const Meta*> metas_;
+  std::unordered_map<std::int32_t, HostCopy> away_;   // offloaded values
+  std::unordered_map<std::int32_t, void*> arriving_;  // prefetched GPU values: their copy's event
+  std::int64_t host_now_ = 0;
 };
 
 }  // namespace

@@ -18,6 +18,8 @@ const char* kind_name(TraceEvent::Kind k) {
     case TraceEvent::Kind::accumulate: return "accumulate";
     case TraceEvent::Kind::compress: return "compress";
     case TraceEvent::Kind::decompress: return "decompress";
+    case TraceEvent::Kind::offload: return "offload";
+    case TraceEvent::Kind::prefetch: return "prefetch";
     case TraceEvent::Kind::alloc: return "alloc";
     case TraceEvent::Kind::free: return "free";
     case TraceEvent::Kind::evict: return "evict";
@@ -25,7 +27,7 @@ const char* kind_name(TraceEvent::Kind k) {
   }
   return "?";
 }
-bool is_span(TraceEvent::Kind k) { return k <= TraceEvent::Kind::decompress; }
+bool is_span(TraceEvent::Kind k) { return k <= TraceEvent::Kind::prefetch; }
 
 // JSON string body: quotes, backslashes and control characters escaped.
 void append_escaped(std::string& out, const std::string& s) {

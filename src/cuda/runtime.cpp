@@ -21,12 +21,50 @@ namespace {
 // request takes the smallest cached block that fits and is at most twice its
 // size (so a small tensor never pins a huge block). On cudaMalloc failure the
 // pool is returned to the driver and the allocation retried once.
+// A block that an asynchronous copy still uses when it is freed waits in
+// `pending` until the copy's event completes (busy: block -> that event).
+struct Pending {
+  std::size_t size;
+  void* ptr;
+  cudaEvent_t done;
+};
 struct Pool {
   std::mutex m;
   std::multimap<std::size_t, void*> free_blocks;        // size -> block
   std::unordered_map<void*, std::size_t> live_blocks;   // block -> size
+  std::unordered_map<void*, cudaEvent_t> busy;
+  std::vector<Pending> pending;
   std::int64_t live = 0, peak = 0, reserved = 0;
 };
+
+// Pending blocks whose copies completed go back to the free list; with
+// `wait`, every pending block does (after waiting for its copy). m held.
+void reclaim(Pool& p, bool wait) {
+  auto keep = p.pending.begin();
+  for (auto& b : p.pending) {
+    cudaError_t e = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
+    if (e == cudaErrorNotReady) {
+      *keep++ = b;
+      continue;
+    }
+    if (e != cudaSuccess) cudaGetLastError();  // a failed copy: the block is not read any more either
+    cudaEventDestroy(b.done);
+    p.free_blocks.emplace(b.size, b.ptr);
+  }
+  p.pending.erase(keep, p.pending.end());
+}
+// Marks a live block as used by queued work until `ev` completes (replacing
+// an earlier mark: work on one stream completes in order). m held. Returns
+// false (and leaves ev to the caller) when ptr is not the start of a live block.
+bool mark_busy(Pool& p, void* ptr, cudaEvent_t ev) {
+  if (!p.live_blocks.count(ptr)) return false;
+  auto [it, fresh] = p.busy.try_emplace(ptr, ev);
+  if (!fresh) {
+    cudaEventDestroy(it->second);
+    it->second = ev;
+  }
+  return true;
+}
 
 constexpr int kMaxDevices = 64;
 Pool& pool(int dev) {
@@ -37,10 +75,10 @@ Pool& pool(int dev) {
 std::size_t round_block(std::size_t bytes) { return std::max<std::size_t>(512, (bytes + 511) / 512 * 512); }
 
 void release_cached(int dev, Pool& p) {  // p.m held
-  if (p.free_blocks.empty()) return;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(dev);
+  reclaim(p, true);
   for (auto& [size, ptr] : p.free_blocks) {
     cudaFree(ptr);
     p.reserved -= static_cast<std::int64_t>(size);
@@ -59,6 +97,10 @@ struct DeviceGuard {
 };
 
 }  // namespace
+
+namespace cuda_rt {
+void empty_host_cache() noexcept;  // below, with the pinned host pool
+}
 
 namespace cuda {
 
@@ -106,6 +148,7 @@ void empty_cache() {
     std::lock_guard<std::mutex> lock(p.m);
     release_cached(d, p);
   }
+  cuda_rt::empty_host_cache();
 }
 void synchronize(int index) {
   require(index);
@@ -122,6 +165,7 @@ void* allocate(int dev, std::size_t bytes) {
   Pool& p = pool(dev);
   std::size_t size = round_block(bytes);
   std::lock_guard<std::mutex> lock(p.m);
+  if (!p.pending.empty()) reclaim(p, false);
   void* ptr = nullptr;
   auto it = p.free_blocks.lower_bound(size);
   if (it != p.free_blocks.end() && it->first <= 2 * size) {
@@ -160,8 +204,15 @@ void deallocate(int dev, void* ptr, std::size_t bytes) noexcept {
   auto it = p.live_blocks.find(ptr);
   if (it == p.live_blocks.end()) return;
   // a block may still be read by queued kernels: they run on the device's
-  // default stream in order, so reusing it for later work is safe
-  p.free_blocks.emplace(it->second, ptr);
+  // default stream in order, so reusing it for later work is safe; a copy
+  // on the copy stream is not ordered with that work, so a block it still
+  // uses waits for its event
+  if (auto b = p.busy.find(ptr); b != p.busy.end()) {
+    p.pending.push_back({it->second, ptr, b->second});
+    p.busy.erase(b);
+  } else {
+    p.free_blocks.emplace(it->second, ptr);
+  }
   p.live_blocks.erase(it);
   p.live -= static_cast<std::int64_t>(bytes);
 }
@@ -181,6 +232,164 @@ void memset(int dev, void* p, int value, std::size_t bytes) {
   if (bytes == 0) return;
   DeviceGuard g(dev);
   AD_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, 0));
+}
+
+namespace {
+// ---- host offload ----
+cudaStream_t copy_stream(int dev) {  // device `dev` current
+  static std::mutex m;
+  static cudaStream_t streams[kMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(m);
+  if (!streams[dev]) AD_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[dev], cudaStreamNonBlocking));
+  return streams[dev];
+}
+cudaEvent_t record_on(cudaStream_t s) {
+  cudaEvent_t e = nullptr;
+  AD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t r = cudaEventRecord(e, s);
+  if (r != cudaSuccess) {
+    cudaEventDestroy(e);
+    AD_CUDA_CHECK(r);
+  }
+  return e;
+}
+// Pinned host blocks, cached like device blocks (without a size rounding:
+// offloaded values are few and large).
+struct HostPool {
+  std::mutex m;
+  std::multimap<std::size_t, void*> free_blocks;
+  std::unordered_map<void*, std::size_t> live_blocks;
+  std::unordered_map<void*, cudaEvent_t> busy;
+  std::vector<Pending> pending;
+};
+HostPool& host_pool() {
+  static HostPool p;
+  return p;
+}
+void reclaim_host(HostPool& p, bool wait) {
+  auto keep = p.pending.begin();
+  for (auto& b : p.pending) {
+    cudaError_t e = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
+    if (e == cudaErrorNotReady) {
+      *keep++ = b;
+      continue;
+    }
+    if (e != cudaSuccess) cudaGetLastError();
+    cudaEventDestroy(b.done);
+    p.free_blocks.emplace(b.size, b.ptr);
+  }
+  p.pending.erase(keep, p.pending.end());
+}
+// Marks both ends of a queued copy busy until it completes (each with its
+// own event, recorded right after the copy on the copy stream); an end that
+// is not the start of a block of its pool makes the host wait for the copy.
+void mark_copy(int dev, cudaStream_t cs, void* dev_ptr, void* host_ptr) {
+  bool ok = true;
+  {
+    Pool& p = pool(dev);
+    cudaEvent_t e = record_on(cs);
+    std::lock_guard<std::mutex> lock(p.m);
+    if (!mark_busy(p, dev_ptr, e)) {
+      cudaEventDestroy(e);
+      ok = false;
+    }
+  }
+  {
+    HostPool& h = host_pool();
+    cudaEvent_t e = record_on(cs);
+    std::lock_guard<std::mutex> lock(h.m);
+    if (!h.live_blocks.count(host_ptr)) {
+      cudaEventDestroy(e);
+      ok = false;
+    } else if (auto [it, fresh] = h.busy.try_emplace(host_ptr, e); !fresh) {
+      cudaEventDestroy(it->second);
+      it->second = e;
+    }
+  }
+  if (!ok) AD_CUDA_CHECK(cudaStreamSynchronize(cs));
+}
+void* copy_async(int dev, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  cuda::require(dev);
+  DeviceGuard g(dev);
+  cudaStream_t cs = copy_stream(dev);
+  // after everything queued so far on the compute stream: the source was
+  // written there, and a recycled destination block may still be read there
+  cudaEvent_t ready = record_on(nullptr);
+  cudaError_t e = cudaStreamWaitEvent(cs, ready, 0);
+  cudaEventDestroy(ready);
+  AD_CUDA_CHECK(e);
+  if (bytes > 0) AD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cs));
+  bool to_host = kind == cudaMemcpyDeviceToHost;
+  mark_copy(dev, cs, to_host ? const_cast<void*>(src) : dst, to_host ? dst : const_cast<void*>(src));
+  return record_on(cs);
+}
+}  // namespace
+
+void* host_alloc(std::size_t bytes) {
+  HostPool& p = host_pool();
+  std::size_t size = std::max<std::size_t>(bytes, 64);
+  std::lock_guard<std::mutex> lock(p.m);
+  if (!p.pending.empty()) reclaim_host(p, false);
+  void* ptr = nullptr;
+  auto it = p.free_blocks.lower_bound(size);
+  if (it != p.free_blocks.end() && it->first <= 2 * size) {
+    size = it->first;
+    ptr = it->second;
+    p.free_blocks.erase(it);
+  } else {
+    cudaError_t e = cudaMallocHost(&ptr, size);
+    if (e != cudaSuccess) {  // return the cached blocks and retry once
+      cudaGetLastError();
+      reclaim_host(p, true);
+      for (auto& [sz, q] : p.free_blocks) cudaFreeHost(q);
+      p.free_blocks.clear();
+      e = cudaMallocHost(&ptr, size);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(fmt::format("CUDA: cannot allocate {} bytes of pinned host memory for offload ({})", bytes,
+                              cudaGetErrorString(e)));
+    }
+  }
+  p.live_blocks[ptr] = size;
+  return ptr;
+}
+
+void host_free(void* ptr) noexcept {
+  HostPool& p = host_pool();
+  std::lock_guard<std::mutex> lock(p.m);
+  auto it = p.live_blocks.find(ptr);
+  if (it == p.live_blocks.end()) return;
+  if (auto b = p.busy.find(ptr); b != p.busy.end()) {
+    p.pending.push_back({it->second, ptr, b->second});
+    p.busy.erase(b);
+  } else {
+    p.free_blocks.emplace(it->second, ptr);
+  }
+  p.live_blocks.erase(it);
+}
+
+void empty_host_cache() noexcept {
+  HostPool& p = host_pool();
+  std::lock_guard<std::mutex> lock(p.m);
+  reclaim_host(p, true);
+  for (auto& [sz, q] : p.free_blocks) cudaFreeHost(q);
+  p.free_blocks.clear();
+}
+
+void copy_to_host_async(int dev, void* dst, const void* src, std::size_t bytes) {
+  cudaEventDestroy(static_cast<cudaEvent_t>(copy_async(dev, dst, src, bytes, cudaMemcpyDeviceToHost)));
+}
+void* copy_to_device_async(int dev, void* dst, const void* src, std::size_t bytes) {
+  return copy_async(dev, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
+void wait_and_release(int dev, void* event) {
+  auto e = static_cast<cudaEvent_t>(event);
+  DeviceGuard g(dev);
+  cudaError_t r = cudaStreamWaitEvent(nullptr, e, 0);
+  cudaEventDestroy(e);
+  AD_CUDA_CHECK(r);
 }
 
 void add_into(Tensor& dst, const Tensor& src) {
