@@ -9,14 +9,31 @@ dir=${1:-build-gpu}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not found"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DAD_CUDA=ON -DAD_BUILD_EXAMPLES=OFF -DAD_MPI=OFF >/dev/null || exit 1
-cmake --build "$dir" -j"$(nproc)" --target ad_tests 2>&1 | tail -3
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DAD_CUDA=ON -DAD_BUILD_EXAMPLES=OFF -DAD_MPI=OFF -DAD_BUILD_BENCH=ON \
+  -DAD_BENCH_TORCH=OFF >/dev/null || exit 1
+cmake --build "$dir" -j"$(nproc)" --target ad_tests bench_cuda bench_attention bench_semicrf bench_semiseparable 2>&1 | tail -3
 ctest --test-dir "$dir" -R "cuda" --output-on-failure 2>&1 | tee "$log"
-for b in "$dir"/bench/bench_attention "$dir"/bench/bench_semicrf "$dir"/bench/bench_semiseparable; do
+# memcheck over the CUDA test cases, where the toolkit ships compute-sanitizer
+san=$(command -v compute-sanitizer || true)
+[ -z "$san" ] && nvcc_path=$(command -v nvcc || true) && [ -n "$nvcc_path" ] && [ -x "$(dirname "$nvcc_path")/compute-sanitizer" ] &&
+  san="$(dirname "$nvcc_path")/compute-sanitizer"
+if [ -n "$san" ]; then
+  if "$san" --tool memcheck --error-exitcode 1 "$dir/tests/ad_tests" -tc="cuda*" >"$log.san" 2>&1; then
+    echo "memcheck: Passed" | tee -a "$log"
+  else
+    tail -40 "$log.san"
+    echo "memcheck: Failed" | tee -a "$log"
+  fi
+  rm -f "$log.san"
+else
+  echo "memcheck: compute-sanitizer not found" | tee -a "$log"
+fi
+for b in "$dir"/bench/bench_cuda "$dir"/bench/bench_attention "$dir"/bench/bench_semicrf "$dir"/bench/bench_semiseparable; do
   [ -x "$b" ] && "$b" --gpu 2>&1 | tee -a "$log"
 done
 echo
 echo "| test | result |"
 echo "|---|---|"
 grep -E "Test +#[0-9]+: cuda" "$log" | sed -E 's/.*Test +#[0-9]+: (.*) \.+ *(\**[A-Za-z]+).*/| \1 | \2 |/'
+grep -E "^memcheck: " "$log" | sed -E 's/^memcheck: (.*)/| compute-sanitizer memcheck (cuda tests) | \1 |/'
 grep -E "case x dtype runs compared" "$log" | head -1
