@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include "ad/ad.hpp"
@@ -145,16 +146,14 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
 
 TEST_CASE("cuda: ops without a CUDA kernel say so") {
   if (skip_without_gpu()) return;
-  // every core op has a CUDA kernel; the layer ops (here the semi-Markov CRF) do not yet
-  REQUIRE_MESSAGE(!op_def(OpId::semicrf_logz).cuda, "pick another op without a CUDA kernel for this test");
+  // every core op has a CUDA kernel; of the layer ops, attention does not yet
+  REQUIRE_MESSAGE(!op_def(OpId::attention).cuda, "pick another op without a CUDA kernel for this test");
   Device dev = Device::cuda(0);
   Graph g;
   Rng rng(21);
-  Var S = g.input(Tensor::randn({1, 3, 2}, rng).to(dev)), Tr = g.input(Tensor::randn({2, 2}, rng).to(dev));
-  Var D = g.input(Tensor::randn({1, 2}, rng).to(dev)), P = g.input(Tensor::randn({2}, rng).to(dev));
-  std::vector<std::int64_t> len{2};
-  Var L = g.input(Tensor::from(len, {1}).to(dev));
-  CHECK_THROWS_WITH_AS(eval(semicrf_logz(S, Tr, D, P, L)), doctest::Contains("semicrf_logz: no CUDA kernel"), Error);
+  Var q = g.input(Tensor::randn({1, 1, 4, 2}, rng).to(dev)), k = g.input(Tensor::randn({1, 1, 4, 2}, rng).to(dev));
+  Var v = g.input(Tensor::randn({1, 1, 4, 2}, rng).to(dev));
+  CHECK_THROWS_WITH_AS(eval(attention(q, k, v)), doctest::Contains("attention: no CUDA kernel"), Error);
 }
 
 TEST_CASE("cuda: dropout draws the same mask as the CPU, bit for bit") {
@@ -409,6 +408,141 @@ TEST_CASE("cuda: semiseparable and tridiagonal errors on the GPU") {
     auto yv = y.to_vector(), bv = b.to_vector();
     for (std::size_t i = 0; i < 4; ++i) CHECK(yv[i] == bv[i] / 2);
   }
+}
+
+// Semi-Markov CRF (src/cuda/semicrf.cu) against the CPU kernels, f64 and f32,
+// both paths, awkward sizes: C = 5 and 3 (not powers of two), K > T, windows
+// longer than a warp, several checkpoint intervals and ring laps, variable
+// lengths in one batch, -inf (forbidden) transitions and durations, and a
+// sequence with no allowed segmentation. logZ and all its gradients, the
+// score of the Viterbi segmentation and its gradients, predicted == measured
+// peak on the device; marginals; Viterbi segments exactly (its arithmetic is
+// f64 with the CPU's expressions); the cumulative helper and its gradient.
+// Tolerances (largest |difference| over the largest |value|): f64 1e-9;
+// f32 1e-4, since the f32 rings round at other points than the CPU's
+// vectorised sums (ops/semicrf_cpu.hpp, src/cuda/semicrf.cu).
+namespace {
+struct CrfCase {
+  std::int64_t B, T, K, C;
+  bool general;
+  std::vector<std::int64_t> L;
+  bool forbid;  // -inf entries in Tr and D
+};
+std::vector<Tensor> crf_inputs(const CrfCase& c, Rng& rng) {
+  std::vector<double> x = randn64({c.B, c.T, c.C}, rng).to_vector(), S(static_cast<std::size_t>(c.B * (c.T + 1) * c.C));
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t t = 0; t < c.T; ++t)
+      for (std::int64_t k = 0; k < c.C; ++k)
+        S[static_cast<std::size_t>((b * (c.T + 1) + t + 1) * c.C + k)] =
+            S[static_cast<std::size_t>((b * (c.T + 1) + t) * c.C + k)] + x[static_cast<std::size_t>((b * c.T + t) * c.C + k)];
+  Shape trs = c.general ? Shape{c.K, c.C, c.C} : Shape{c.C, c.C};
+  std::vector<double> tr = randn64(trs, rng, 0, 0.7).to_vector(), d = randn64({c.K, c.C}, rng, 0, 0.7).to_vector();
+  if (c.forbid) {
+    for (std::size_t i = 0; i < tr.size(); i += 4) tr[i] = -INFINITY;  // some transitions (incl. c -> c for C = 5)
+    for (std::int64_t k = 0; k < c.C; ++k) d[static_cast<std::size_t>(k)] = -INFINITY;  // no segment of length 1
+  }
+  return {Tensor::from(S, {c.B, c.T + 1, c.C}), Tensor::from(tr, trs), Tensor::from(d, {c.K, c.C}),
+          randn64({c.C}, rng, 0, 0.7), index(c.L, {c.B})};
+}
+}  // namespace
+
+TEST_CASE("cuda: semi-Markov CRF ops match the CPU") {
+  if (skip_without_gpu()) return;
+  const Device dev = Device::cuda(0);
+  const CrfCase cases[] = {
+      {3, 7, 10, 5, false, {7, 3, 1}, false},     // K > T, L = 1
+      {3, 7, 10, 5, true, {7, 4, 2}, false},      // the same, Tr (K, C, C)
+      {2, 300, 17, 3, false, {300, 151}, false},  // several intervals (I = 71), ring laps
+      {2, 60, 9, 4, true, {60, 33}, true},        // general path, forbidden entries
+      {2, 2000, 300, 5, false, {2000, 1299}, false},  // windows of 300 (> 32 lanes), I = 774
+      {1, 700, 40, 5, true, {700}, false},        // general path, several intervals
+      {2, 50, 6, 5, false, {50, 17}, true},       // fast path, forbidden entries
+  };
+  Rng rng(90);
+  for (std::size_t n = 0; n < std::size(cases); ++n) {
+    const CrfCase& cc = cases[n];
+    std::vector<Tensor> in = crf_inputs(cc, rng);
+    for (DType t : {DType::f64, DType::f32}) {
+      INFO(fmt::format("case {}: B={} T={} K={} C={}{}{} {}", n, cc.B, cc.T, cc.K, cc.C, cc.general ? " general" : "",
+                       cc.forbid ? " forbidden" : "", dtype_name(t)));
+      const double tol = t == DType::f64 ? 1e-9 : 1e-4;
+      // logZ and its gradients
+      GradCase lz{OpId::semicrf_logz, "logz", in,
+                  [](const std::vector<Var>& v) { return semicrf_logz(v[0], v[1], v[2], v[3], v[4]); }};
+      Run cpu = run_case(lz, Device::cpu(), t, 60 + n), gpu_run = run_case(lz, dev, t, 60 + n);
+      REQUIRE(gpu_run.covered);
+      REQUIRE(gpu_run.grads.size() == cpu.grads.size());
+      CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
+      for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+        INFO("logz gradient of input " << i);
+        CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
+      }
+      CHECK(gpu_run.measured == gpu_run.predicted);
+      // marginals and Viterbi
+      Graph gc, gg;
+      std::vector<Var> vc, vg;
+      for (const Tensor& x : in) {
+        Tensor y = x.dtype() == DType::f64 ? x.to(t) : x;
+        vc.push_back(gc.input(y));
+        vg.push_back(gg.input(y.to(dev)));
+      }
+      Tensor mc = eval(semicrf_marginals(vc[0], vc[1], vc[2], vc[3], vc[4]));
+      Tensor mg = eval(semicrf_marginals(vg[0], vg[1], vg[2], vg[3], vg[4])).to(Device::cpu());
+      CHECK(max_rel_to_max(mg, mc) <= tol);
+      Tensor sc = eval(semicrf_viterbi(vc[0], vc[1], vc[2], vc[3], vc[4]));
+      Tensor sg = eval(semicrf_viterbi(vg[0], vg[1], vg[2], vg[3], vg[4])).to(Device::cpu());
+      CHECK(sg.to_vector() == sc.to_vector());
+      // the score of that segmentation and its gradients
+      std::vector<Tensor> in2 = in;
+      in2.push_back(sc);
+      GradCase scs{OpId::semicrf_score, "score", in2,
+                   [](const std::vector<Var>& v) { return semicrf_score(v[0], v[1], v[2], v[3], v[4], v[5]); }};
+      Run c2 = run_case(scs, Device::cpu(), t, 80 + n), g2 = run_case(scs, dev, t, 80 + n);
+      REQUIRE(g2.covered);
+      CHECK(same_values(g2.out, c2.out));  // f64 sums in the CPU's order
+      for (std::size_t i = 0; i < c2.grads.size(); ++i) CHECK(same_values(g2.grads[i], c2.grads[i]));
+      CHECK(g2.measured == g2.predicted);
+    }
+  }
+  // the cumulative helper and its gradient
+  for (const Shape& s : {Shape{3, 1000, 5}, Shape{1, 7, 600}}) {
+    GradCase cu{OpId::semicrf_cumulative, s.str(), {randn64(s, rng, 0.3)},
+                [](const std::vector<Var>& v) { return semicrf_cumulative(v[0]); }};
+    for (DType t : {DType::f64, DType::f32}) {
+      INFO(fmt::format("semicrf_cumulative {} {}", s.str(), dtype_name(t)));
+      Run cpu = run_case(cu, Device::cpu(), t, 95), gpu_run = run_case(cu, dev, t, 95);
+      REQUIRE(gpu_run.covered);
+      const double tol = t == DType::f64 ? 1e-12 : 1e-5;
+      CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
+      CHECK(max_rel_to_max(gpu_run.grads[0], cpu.grads[0]) <= tol);
+    }
+  }
+}
+
+TEST_CASE("cuda: semi-Markov CRF errors on the GPU name the op and the argument") {
+  if (skip_without_gpu()) return;
+  const Device dev = Device::cuda(0);
+  Rng rng(91);
+  CrfCase c{2, 5, 3, 3, false, {5, 1}, true};  // no segment of length 1: sequence 1 (L = 1) has none at all
+  std::vector<Tensor> in = crf_inputs(c, rng);
+  Graph g;
+  std::vector<Var> v;
+  for (const Tensor& x : in) v.push_back(g.input(x.to(dev)));
+  // logZ = -inf with zero gradients for the impossible sequence, no NaN
+  Tensor z = eval(semicrf_logz(v[0], v[1], v[2], v[3], v[4])).to(Device::cpu());
+  CHECK(std::isfinite(z.to_vector()[0]));
+  CHECK(z.to_vector()[1] == -INFINITY);
+  auto dS = eval(grad(sum(semicrf_logz(v[0], v[1], v[2], v[3], v[4])), {v[0]})[0]).to(Device::cpu()).to_vector();
+  for (double x : dS) CHECK(!std::isnan(x));
+  for (std::size_t i = 6 * 3; i < dS.size(); ++i) CHECK(dS[i] == 0.0);
+  CHECK_THROWS_WITH_AS(eval(semicrf_viterbi(v[0], v[1], v[2], v[3], v[4])),
+                       doctest::Contains("sequence 1 (L = 1) has no allowed segmentation"), Error);
+  Var bad = g.input(index({5, 0}, {2}).to(dev));
+  CHECK_THROWS_WITH_AS(eval(semicrf_logz(v[0], v[1], v[2], v[3], bad)), doctest::Contains("L[1] = 0 is outside"),
+                       Error);
+  Var seg = g.input(index({0, -1, -1, -1, -1, 0, -1, -1, -1, -1}, {2, 5}).to(dev));  // a segment of 5 > K = 3
+  CHECK_THROWS_WITH_AS(eval(semicrf_score(v[0], v[1], v[2], v[3], v[4], seg)), doctest::Contains("length 5 > K = 3"),
+                       Error);
 }
 
 TEST_CASE("cuda: a training step on the GPU equals the CPU step") {

@@ -8,6 +8,9 @@
 //                 [--threads N: time the kernels alone with N threads (no graph,
 //                  no memory / f64 / naive columns)]
 //                 [--flat: scores 0, transitions -20: every window flat, nothing skipped]
+//                 [--gpu: the CUDA kernels on device 0 through the graph, default
+//                  T,K,C = 400000,3000,24 (--only overrides): forward and
+//                  forward+backward time, working memory from the allocator]
 #include <chrono>
 #include <ctime>
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "ad/ad.hpp"
 #include "core/graph_impl.hpp"
 #include "ops/semicrf_cpu.hpp"
+#include "ops/semicrf_gpu.hpp"
 
 namespace {
 
@@ -223,10 +227,72 @@ Row run(std::int64_t T, std::int64_t K, std::int64_t C, bool f64, bool naive, in
   return r;
 }
 
+// ---- --gpu ----
+// logZ and all four gradients of one sequence on device 0 (f32, fast path),
+// through the graph as a user runs them: forward time (logZ copied back),
+// backward time (gradients computed, device synchronised), and the working
+// memory the graph's allocator saw during the backward pass beyond its
+// outputs, against the workspace the op reports and the design bound.
+int gpu_bench(std::int64_t T, std::int64_t K, std::int64_t C, bool json) {
+  if (!ad::cuda::available()) {
+    std::printf("bench_semicrf --gpu: no GPU on this machine (or no CUDA backend in this build); nothing measured\n");
+    return 0;
+  }
+  const ad::Device dev = ad::Device::cuda(0);
+  auto once = [&](std::int64_t T1, Row& r) {
+    Problem p = make_problem(T1, K, C, 1000 + static_cast<std::uint64_t>(T1 + K + C));
+    ad::Graph g;
+    auto t = ad::DType::f32;
+    ad::Var S = g.input(tensor(p.S, {1, T1 + 1, C}, t).to(dev)), Tr = g.input(tensor(p.Tr, {C, C}, t).to(dev)),
+            D = g.input(tensor(p.D, {K, C}, t).to(dev)), P = g.input(tensor(p.P, {C}, t).to(dev)),
+            L = g.input(ad::Tensor::from(std::span<const std::int64_t>(std::vector<std::int64_t>{T1}), {1}).to(dev));
+    ad::Var z = ad::semicrf_logz(S, Tr, D, P, L);
+    std::vector<ad::Var> gr = ad::grad(ad::sum(z), {S, Tr, D, P});
+    ad::cuda::synchronize(0);
+    auto t0 = Clock::now();
+    r.logz32 = ad::eval(z).to(ad::Device::cpu()).item();
+    r.fwd_s = seconds_since(t0);
+    auto& alloc = *g.impl().alloc;
+    std::int64_t before = alloc.live_bytes();
+    alloc.reset_peak();
+    t0 = Clock::now();
+    ad::eval(gr[0]);
+    ad::cuda::synchronize(0);
+    r.bwd_s = seconds_since(t0);
+    std::int64_t out_bytes = static_cast<std::int64_t>(p.S.size() + p.Tr.size() + p.D.size() + p.P.size()) * 4;
+    r.ws_measured = alloc.peak_bytes() - before - out_bytes;
+  };
+  Row warm{2000, K, C};
+  once(2000, warm);  // CUDA context, module load
+  Row r{T, K, C};
+  ad::semicrf::Dims d{1, T, K, C, false, 4};
+  r.I = ad::semicrf::interval(T, d.ke());
+  r.ws_predicted = ad::semicrf::gpu::layout(d, ad::semicrf::Pass::backward).total;
+  r.bound_values = 2 * std::sqrt(static_cast<double>(T) * static_cast<double>(d.ke())) * static_cast<double>(C) +
+                   static_cast<double>(d.ke() * C);
+  once(T, r);
+  if (json) {
+    std::printf("{\"device\": \"cuda:0\", \"T\": %lld, \"K\": %lld, \"C\": %lld, \"I\": %lld, \"forward_s\": %.6f, "
+                "\"backward_s\": %.6f, \"workspace_bytes\": %lld, \"workspace_predicted\": %lld, \"logz_f32\": %.10g}\n",
+                static_cast<long long>(T), static_cast<long long>(K), static_cast<long long>(C),
+                static_cast<long long>(r.I), r.fwd_s, r.bwd_s, static_cast<long long>(r.ws_measured),
+                static_cast<long long>(r.ws_predicted), r.logz32);
+    return 0;
+  }
+  std::printf("semicrf on GPU (cuda:0), B = 1, fast path, f32, through the graph\n\n");
+  std::printf("| T | K | C | I | forward s | backward s (incl. its forward) | fwd+bwd s | working MB (allocator) | "
+              "workspace MB (op) | bound MB 4·(2√(TK)C+KC) | logZ f32 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %lld | %lld | %lld | %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.6g |\n", static_cast<long long>(T),
+              static_cast<long long>(K), static_cast<long long>(C), static_cast<long long>(r.I), r.fwd_s, r.bwd_s,
+              r.fwd_s + r.bwd_s, static_cast<double>(r.ws_measured) / 1e6, static_cast<double>(r.ws_predicted) / 1e6,
+              4 * r.bound_values / 1e6, r.logz32);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, json = false, f64 = true, naive = true;
+  bool quick = false, json = false, f64 = true, naive = true, gpu = false;
   int threads = 0;
   std::int64_t oT = 0, oK = 0, oC = 0;
   for (int i = 1; i < argc; ++i) {
@@ -236,16 +302,18 @@ int main(int argc, char** argv) {
     else if (a == "--no-f64") f64 = false;
     else if (a == "--no-naive") naive = false;
     else if (a == "--flat") g_flat = true;
+    else if (a == "--gpu") gpu = true;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) {
       long long t, k, c;
       if (std::sscanf(argv[++i], "%lld,%lld,%lld", &t, &k, &c) != 3) { std::fprintf(stderr, "--only T,K,C\n"); return 2; }
       oT = t; oK = k; oC = c;
     } else {
-      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat]\n");
+      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu]\n");
       return 2;
     }
   }
+  if (gpu) return oT ? gpu_bench(oT, oK, oC, json) : gpu_bench(400000, 3000, 24, json);
   std::vector<std::array<std::int64_t, 3>> grid;
   if (oT) grid.push_back({oT, oK, oC});
   else if (quick) grid = {{10000, 100, 16}, {10000, 1000, 24}, {100000, 100, 24}};

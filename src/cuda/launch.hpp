@@ -179,3 +179,34 @@ void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void
                              const void* z, const void* dg, void* dd, void* dup, void* dlo, void* dz, double* ws);
 
 }  // namespace ad::cuda_k
+
+namespace ad::cuda_k {
+
+// ---- semi-Markov CRF (src/cuda/semicrf.cu; compiled, not yet run on a GPU) ----
+// The model and shapes: include/ad/semicrf.hpp. Device pointers in the dtype
+// t (f32 or f64), L i64 (B) already checked (1 <= L[b] <= T). ws: the op's
+// workspace, ops/semicrf_gpu.hpp's layout for the pass.
+struct SemicrfArgs {
+  std::int64_t B, T, K, C;
+  bool general;  // Tr (K, C, C)
+  const void *S, *Tr, *D, *P;
+  const std::int64_t* L;
+};
+// logZ (B).
+void semicrf_logz(DType t, const SemicrfArgs& a, void* out, void* ws);
+// [dS (B,T+1,C) | dTr | dD (K,C) | dP (C)] for dlogz (B).
+void semicrf_logz_backward(DType t, const SemicrfArgs& a, const void* dlogz, void* out, void* ws);
+// Posterior marginals (B, T, C).
+void semicrf_marginals(DType t, const SemicrfArgs& a, void* out, void* ws);
+// Best segmentation (B, T), segments encoding. Returns -1, or the first
+// sequence with no allowed segmentation (waits for the device).
+std::int64_t semicrf_viterbi(DType t, const SemicrfArgs& a, std::int64_t* out, void* ws);
+// Score (B) of segments (B, T), already validated.
+void semicrf_score(DType t, const SemicrfArgs& a, const std::int64_t* seg, void* out);
+// Its gradient for dscore (B), flat as semicrf_logz_backward.
+void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* seg, const void* dscore, void* out);
+// S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint.
+void semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S);
+void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx);
+
+}  // namespace ad::cuda_k

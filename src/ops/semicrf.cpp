@@ -1,7 +1,8 @@
 // Semi-Markov CRF ops (the model: include/ad/semicrf.hpp, docs/design.md).
 // Kernels: semicrf_cpu.cpp (fast path, Tr (C, C)), semicrf_general_cpu.cpp
 // (Tr (K, C, C)), semicrf_decode_cpu.cpp (Viterbi, score), semicrf_win.cpp
-// (the vectorised window loops), semicrf_math.hpp (per-element math, AD_HD).
+// (the vectorised window loops), semicrf_math.hpp (per-element math, AD_HD);
+// CUDA: src/cuda/semicrf.cu (workspace layout: semicrf_gpu.hpp).
 #include "ad/semicrf.hpp"
 
 #include <cmath>
@@ -10,6 +11,11 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/semicrf_cpu.hpp"
+#include "ops/semicrf_gpu.hpp"
+#if AD_HAVE_CUDA
+#include "core/device.hpp"
+#include "cuda/launch.hpp"
+#endif
 
 namespace ad {
 
@@ -72,6 +78,36 @@ double window_flops(const InferArgs& a, double per_term) {
   return static_cast<double>(d.B) * static_cast<double>(d.T) * static_cast<double>(d.ke()) *
          static_cast<double>(d.C) * (d.general ? static_cast<double>(d.C) : 1.0) * per_term;
 }
+// Workspace of a pass: the CPU kernels' layout, or the CUDA kernels' for
+// inputs on a GPU (both are exactly what the kernels carve).
+std::int64_t pass_workspace(const InferArgs& a, semicrf::Pass pass) {
+  semicrf::Dims d = infer_dims(a);
+  if (a[0].device.kind == DeviceKind::cuda) return semicrf::gpu::layout(d, pass).total;
+  return semicrf::workspace_bytes(d, pass, semicrf::default_threads());
+}
+AD_CUDA_ONLY(
+// An i64 tensor on the GPU copied to the host (lengths, segments: checked
+// there with the CPU's messages before any kernel runs).
+std::vector<std::int64_t> host_i64(const Tensor& t) {
+  std::vector<std::int64_t> h(static_cast<std::size_t>(t.numel()));
+  device::copy(h.data(), Device::cpu(), t.raw(), t.device(), h.size() * sizeof(std::int64_t));
+  return h;
+}
+// The launchers' arguments; throws (naming op) unless 1 <= L[b] <= T.
+cuda_k::SemicrfArgs gpu_args(const char* op, const KernelArgs& k) {
+  semicrf::Args x = args_of(k);
+  std::vector<std::int64_t> L = host_i64(k[4]);
+  x.L = L.data();
+  semicrf::check_lengths(op, x);
+  return {x.d.B, x.d.T, x.d.K, x.d.C, x.d.general, x.S, x.Tr, x.D, x.P, k[4].data<std::int64_t>()};
+}
+// Segments checked on the host (the CPU's check_segments and messages).
+void check_segments_gpu(const char* op, const KernelArgs& k) {
+  semicrf::Args x = args_of(k);
+  std::vector<std::int64_t> L = host_i64(k[4]), seg = host_i64(k[5]);
+  x.L = L.data();
+  semicrf::check_segments(op, x, seg.data());
+})
 constexpr std::uint32_t kSavesModel = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4);
 }  // namespace
 
@@ -106,11 +142,16 @@ void semicrf_cumulative_cpu(const KernelArgs& k) {
     }
   });
 }
+AD_CUDA_ONLY(void semicrf_cumulative_cuda(const KernelArgs& k) {
+  const Shape& x = k[0].shape();
+  cuda_k::semicrf_cumulative(k.out.dtype(), x[0], x[1], x[2], k[0].raw(), k.out.raw());
+})
 void semicrf_cumulative_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = make_node(OpId::semicrf_cumulative_backward, {a.dout});
 }
 const OpDef op_def_semicrf_cumulative{.name = "semicrf_cumulative", .args = "scores", .arity = 1,
                                       .infer = infer_semicrf_cumulative, .cpu = semicrf_cumulative_cpu,
+                                      .cuda = AD_CUDA_FN(semicrf_cumulative_cuda),
                                       .backward = semicrf_cumulative_bwd};
 Var semicrf_cumulative(const Operand& scores) { return make_node(OpId::semicrf_cumulative, {scores}); }
 
@@ -143,9 +184,14 @@ void semicrf_cumulative_backward_cpu(const KernelArgs& k) {
     }
   });
 }
+AD_CUDA_ONLY(void semicrf_cumulative_backward_cuda(const KernelArgs& k) {
+  const Shape& g = k[0].shape();
+  cuda_k::semicrf_cumulative_backward(k.out.dtype(), g[0], g[1] - 1, g[2], k[0].raw(), k.out.raw());
+})
 const OpDef op_def_semicrf_cumulative_backward{.name = "semicrf_cumulative_backward", .args = "dS", .arity = 1,
                                                .infer = infer_semicrf_cumulative_backward,
                                                .cpu = semicrf_cumulative_backward_cpu,
+                                               .cuda = AD_CUDA_FN(semicrf_cumulative_backward_cuda),
                                                .no_grad = "double backward is not supported"};
 
 // ---- semicrf_logz ----  (S [B,T+1,C], Tr [C,C] | [K,C,C], D [K,C], P [C], L i64 [B]) -> logZ [B]
@@ -157,16 +203,19 @@ Meta infer_semicrf_logz(const InferArgs& a) {
 void semicrf_logz_cpu(const KernelArgs& k) {
   semicrf::logz_cpu(args_of(k), k.out.raw(), k.workspace, semicrf::default_threads());
 }
+AD_CUDA_ONLY(void semicrf_logz_cuda(const KernelArgs& k) {
+  cuda_k::semicrf_logz(k.out.dtype(), gpu_args("semicrf_logz", k), k.out.raw(), k.workspace);
+})
 void semicrf_logz_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::semicrf_logz_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.dout});
   grads_from_buffer(a, buf);
 }
 const OpDef op_def_semicrf_logz{
     .name = "semicrf_logz", .args = "S,Tr,D,P,L", .arity = 5, .infer = infer_semicrf_logz, .cpu = semicrf_logz_cpu,
-    .backward = semicrf_logz_bwd, .saves = kSavesModel,
+    .cuda = AD_CUDA_FN(semicrf_logz_cuda), .backward = semicrf_logz_bwd, .saves = kSavesModel,
     .flops = [](const InferArgs& a, const Meta&) { return window_flops(a, 20); },
     .workspace = [](const InferArgs& a, const Meta&) {
-      return semicrf::workspace_bytes(infer_dims(a), semicrf::Pass::logz, semicrf::default_threads());
+      return pass_workspace(a, semicrf::Pass::logz);
     }};
 Var semicrf_logz(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L) {
   return make_node(OpId::semicrf_logz, {S, Tr, D, P, L});
@@ -182,12 +231,17 @@ Meta infer_semicrf_logz_backward(const InferArgs& a) {
 void semicrf_logz_backward_cpu(const KernelArgs& k) {
   semicrf::logz_backward_cpu(args_of(k), k[5].raw(), k.out.raw(), k.workspace, semicrf::default_threads());
 }
+AD_CUDA_ONLY(void semicrf_logz_backward_cuda(const KernelArgs& k) {
+  cuda_k::semicrf_logz_backward(k.out.dtype(), gpu_args("semicrf_logz_backward", k), k[5].raw(), k.out.raw(),
+                                k.workspace);
+})
 const OpDef op_def_semicrf_logz_backward{
     .name = "semicrf_logz_backward", .args = "S,Tr,D,P,L,dlogz", .arity = 6, .infer = infer_semicrf_logz_backward,
-    .cpu = semicrf_logz_backward_cpu, .no_grad = "double backward is not supported",
+    .cpu = semicrf_logz_backward_cpu, .cuda = AD_CUDA_FN(semicrf_logz_backward_cuda),
+    .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) { return window_flops(a, 70); },
     .workspace = [](const InferArgs& a, const Meta&) {
-      return semicrf::workspace_bytes(infer_dims(a), semicrf::Pass::backward, semicrf::default_threads());
+      return pass_workspace(a, semicrf::Pass::backward);
     }};
 
 // ---- semicrf_score ----  (S, Tr, D, P, L, segments i64 [B,T]) -> score [B]; saves the inputs
@@ -201,12 +255,17 @@ Meta infer_semicrf_score(const InferArgs& a) {
 void semicrf_score_cpu(const KernelArgs& k) {
   semicrf::score_cpu(args_of(k), k[5].data<std::int64_t>(), k.out.raw());
 }
+AD_CUDA_ONLY(void semicrf_score_cuda(const KernelArgs& k) {
+  check_segments_gpu("semicrf_score", k);
+  cuda_k::semicrf_score(k.out.dtype(), gpu_args("semicrf_score", k), k[5].data<std::int64_t>(), k.out.raw());
+})
 void semicrf_score_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::semicrf_score_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.dout});
   grads_from_buffer(a, buf);
 }
 const OpDef op_def_semicrf_score{.name = "semicrf_score", .args = "S,Tr,D,P,L,segments", .arity = 6,
                                  .infer = infer_semicrf_score, .cpu = semicrf_score_cpu,
+                                 .cuda = AD_CUDA_FN(semicrf_score_cuda),
                                  .backward = semicrf_score_bwd, .saves = kSavesModel | saves_input(5)};
 Var semicrf_score(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L,
                   const Operand& segments) {
@@ -222,9 +281,15 @@ Meta infer_semicrf_score_backward(const InferArgs& a) {
 void semicrf_score_backward_cpu(const KernelArgs& k) {
   semicrf::score_backward_cpu(args_of(k), k[5].data<std::int64_t>(), k[6].raw(), k.out.raw());
 }
+AD_CUDA_ONLY(void semicrf_score_backward_cuda(const KernelArgs& k) {
+  check_segments_gpu("semicrf_score_backward", k);
+  cuda_k::semicrf_score_backward(k.out.dtype(), gpu_args("semicrf_score_backward", k), k[5].data<std::int64_t>(),
+                                 k[6].raw(), k.out.raw());
+})
 const OpDef op_def_semicrf_score_backward{.name = "semicrf_score_backward", .args = "S,Tr,D,P,L,segments,dscore",
                                           .arity = 7, .infer = infer_semicrf_score_backward,
                                           .cpu = semicrf_score_backward_cpu,
+                                          .cuda = AD_CUDA_FN(semicrf_score_backward_cuda),
                                           .no_grad = "the gradient of a score is piecewise constant"};
 
 // ---- semicrf_viterbi ----  (S, Tr, D, P, L) -> segments i64 [B,T]: max semiring, O(T·C) backpointers
@@ -235,12 +300,22 @@ Meta infer_semicrf_viterbi(const InferArgs& a) {
 void semicrf_viterbi_cpu(const KernelArgs& k) {
   semicrf::viterbi_cpu(args_of(k), k.out.data<std::int64_t>(), k.workspace, semicrf::default_threads());
 }
+AD_CUDA_ONLY(void semicrf_viterbi_cuda(const KernelArgs& k) {
+  cuda_k::SemicrfArgs g = gpu_args("semicrf_viterbi", k);
+  std::int64_t b = cuda_k::semicrf_viterbi(k[0].dtype(), g, k.out.data<std::int64_t>(), k.workspace);
+  if (b >= 0) {
+    std::int64_t Lb = 0;
+    device::copy(&Lb, Device::cpu(), g.L + b, k[4].device(), sizeof Lb);
+    kernel_fail("semicrf_viterbi",
+                fmt::format("sequence {} (L = {}) has no allowed segmentation (every one scores -inf)", b, Lb));
+  }
+})
 const OpDef op_def_semicrf_viterbi{
     .name = "semicrf_viterbi", .args = "S,Tr,D,P,L", .arity = 5, .infer = infer_semicrf_viterbi,
-    .cpu = semicrf_viterbi_cpu, .no_grad = "an argmax (differentiate its score, semicrf_decode().score)",
+    .cpu = semicrf_viterbi_cpu, .cuda = AD_CUDA_FN(semicrf_viterbi_cuda), .no_grad = "an argmax (differentiate its score, semicrf_decode().score)",
     .flops = [](const InferArgs& a, const Meta&) { return window_flops(a, 4); },
     .workspace = [](const InferArgs& a, const Meta&) {
-      return semicrf::workspace_bytes(infer_dims(a), semicrf::Pass::viterbi, semicrf::default_threads());
+      return pass_workspace(a, semicrf::Pass::viterbi);
     }};
 Var semicrf_viterbi(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L) {
   return make_node(OpId::semicrf_viterbi, {S, Tr, D, P, L});
@@ -260,12 +335,15 @@ Meta infer_semicrf_marginals(const InferArgs& a) {
 void semicrf_marginals_cpu(const KernelArgs& k) {
   semicrf::marginals_cpu(args_of(k), k.out.raw(), k.workspace, semicrf::default_threads());
 }
+AD_CUDA_ONLY(void semicrf_marginals_cuda(const KernelArgs& k) {
+  cuda_k::semicrf_marginals(k.out.dtype(), gpu_args("semicrf_marginals", k), k.out.raw(), k.workspace);
+})
 const OpDef op_def_semicrf_marginals{
     .name = "semicrf_marginals", .args = "S,Tr,D,P,L", .arity = 5, .infer = infer_semicrf_marginals,
-    .cpu = semicrf_marginals_cpu, .no_grad = "posterior marginals are not differentiated (differentiate semicrf_logz)",
+    .cpu = semicrf_marginals_cpu, .cuda = AD_CUDA_FN(semicrf_marginals_cuda), .no_grad = "posterior marginals are not differentiated (differentiate semicrf_logz)",
     .flops = [](const InferArgs& a, const Meta&) { return window_flops(a, 50); },
     .workspace = [](const InferArgs& a, const Meta&) {
-      return semicrf::workspace_bytes(infer_dims(a), semicrf::Pass::marginals, semicrf::default_threads());
+      return pass_workspace(a, semicrf::Pass::marginals);
     }};
 Var semicrf_marginals(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L) {
   return make_node(OpId::semicrf_marginals, {S, Tr, D, P, L});

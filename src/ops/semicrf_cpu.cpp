@@ -72,7 +72,7 @@ std::int64_t interval(std::int64_t T, std::int64_t ke) {
   while ((r + 1) * (r + 1) <= T * ke) ++r;
   return std::min(T + 1, std::max(ke, r));
 }
-std::int64_t checkpoints(std::int64_t L, std::int64_t I) { return (L + 1 + I - 1) / I - 1; }
+std::int64_t checkpoints(std::int64_t L, std::int64_t I) { return checkpoint_count(L, I); }
 int default_threads() {
   unsigned h = std::thread::hardware_concurrency();
   return static_cast<int>(std::clamp<unsigned>(h, 1, 64));

@@ -48,15 +48,7 @@ namespace {
 
 // Calls f(start, length, label, previous label or -1) for each segment of b.
 template <class F> void for_segments(const Args& a, const std::int64_t* seg, std::int64_t b, F&& f) {
-  const std::int64_t T = a.d.T, L = a.L[b];
-  const std::int64_t* r = seg + b * T;
-  std::int64_t start = 0, prev = -1;
-  for (std::int64_t t = 1; t <= L; ++t) {
-    if (t < L && r[t] < 0) continue;
-    f(start, t - start, r[start], prev);
-    prev = r[start];
-    start = t;
-  }
+  for_each_segment(seg + b * a.d.T, a.L[b], f);
 }
 
 template <class E> struct Model {

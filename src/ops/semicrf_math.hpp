@@ -1,6 +1,6 @@
 #pragma once
-// Per-element math of the semi-Markov CRF, shared by the CPU kernels and (later)
-// the CUDA kernels (AD_HD). exp_win is branch-free so the windowed loops over
+// Per-element math of the semi-Markov CRF, shared by the CPU kernels and the
+// CUDA kernels (src/cuda/semicrf.cu) (AD_HD). exp_win is branch-free so the windowed loops over
 // k vectorise.
 //
 // The model (docs/design.md, "Semi-Markov CRF"): a segment of label c over
@@ -89,6 +89,35 @@ struct LseAcc {
     else s += std::exp(x - m);
   }
   AD_HD double value() const { return m == kNegInf ? kNegInf : m + std::log(s); }
+  // Adds another accumulator's terms. Commutative bit for bit (a.merge(b)
+  // and b.merge(a) give the same m and s), so a butterfly over GPU lanes
+  // leaves the same value in every lane.
+  AD_HD void merge(const LseAcc& o) {
+    if (o.m == kNegInf) return;
+    if (m == kNegInf) { m = o.m; s = o.s; return; }
+    if (o.m > m) { s = o.s + s * std::exp(m - o.m); m = o.m; }
+    else s = s + o.s * std::exp(o.m - m);
+  }
 };
+
+// Stored ring checkpoints of a sequence of length L with interval I
+// (positions I, 2I, ... below the last interval; the last one is never stored).
+AD_HD std::int64_t checkpoint_count(std::int64_t L, std::int64_t I) { return (L + 1 + I - 1) / I - 1; }
+
+// e^x, and exactly 0 for x = -inf (a forbidden term).
+AD_HD double exp_or_zero(double x) { return x == kNegInf ? 0.0 : std::exp(x); }
+
+// Calls f(start, length, label, previous label or -1) for each segment of one
+// sequence: r is its row of the segments encoding (label at each segment
+// start, -1 elsewhere), L its length (already validated).
+template <class F> AD_HD void for_each_segment(const std::int64_t* r, std::int64_t L, F&& f) {
+  std::int64_t start = 0, prev = -1;
+  for (std::int64_t t = 1; t <= L; ++t) {
+    if (t < L && r[t] < 0) continue;
+    f(start, t - start, r[start], prev);
+    prev = r[start];
+    start = t;
+  }
+}
 
 }  // namespace ad::semicrf

@@ -1,0 +1,1022 @@
+// CUDA kernels of the semi-Markov CRF ops (src/ops/semicrf.cpp). COMPILED,
+// NOT RUN ON A GPU: no GPU was available when they were written; the tests in
+// tests/cuda.cpp compare them with the CPU wherever a GPU is present.
+//
+// Design: the CPU's algorithm (ops/semicrf_cpu.hpp, semicrf_cpu.cpp,
+// semicrf_general_cpu.cpp, semicrf_decode_cpu.cpp), kept simple on purpose.
+//  - One block of kThreads threads per sequence ("lane"): block l runs the
+//    sequences l, l + lanes, ... in turn, with its own part of the workspace
+//    (ops/semicrf_gpu.hpp: the layout, shared with the op's workspace size).
+//  - Positions are walked in order inside the block; __syncthreads between
+//    the phases of a position. Warp w owns labels c = w, w + kWarps, ...;
+//    its 32 lanes split a window over durations k (lane k-1 mod 32), or a sum
+//    over labels. Warp reductions are xor butterflies (every lane ends with
+//    the same bits), so results never depend on timing: no atomics anywhere.
+//  - Memory is the CPU's: a Ke-slot α ring, a copy of it every I positions
+//    (I = max(Ke, ⌊√(T·Ke)⌋)), the α rows of one interval, a Ke-slot β ring;
+//    the backward pass walks the intervals last to first, restoring the ring
+//    and recomputing α. Nothing is sized T·K.
+//  - Fast path (Tr (C, C)): ring of Ã = A − S in the input dtype, relative to
+//    an f64 base per label and lap of Ke positions (the CPU's rule); the
+//    interval rows relative to their f64 row maximum. Window terms are formed
+//    in f64, exp'd by semicrf::exp_win in the input dtype (as the CPU) and
+//    summed in f64. Per-position logsumexps over labels (A, β) are f64 with
+//    std::exp. dD (Ke, C), dTr, dP are f64 partial sums per lane, each entry
+//    owned by one thread; a last kernel adds the lanes in order.
+//  - General path (Tr (K, C, C)): all f64, O(Ke·C²) per position, lanes over
+//    k with LseAcc accumulators merged by butterfly (semicrf::LseAcc::merge).
+//  - Viterbi: f64 max-plus with the CPU's expressions in the CPU's order, so
+//    values and ties (shortest k, then lowest label) are the CPU's bit for
+//    bit; O(T·C) int32 backpointers per lane, one thread backtracks.
+//  - Score / its gradient: one thread per sequence walks the segments
+//    (semicrf::for_each_segment); parameter gradients by one thread in batch
+//    order (the CPU's order: the same bits). Lengths and segments are checked
+//    on the host by the op glue (copies of L and segments) with the CPU's
+//    messages; a Viterbi sequence without an allowed segmentation is found
+//    from its output row (-1 at position 0) and reported by the op.
+//  - Cumulative scores: one block per sequence, the mean by a fixed-order
+//    block reduction, then one thread per label runs the f64 prefix sum.
+// Performance: one block per sequence uses one SM for B = 1; splitting a
+// sequence's labels over several blocks (grid-wide sync per position) is
+// the next step if the timings need it.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/launch.hpp"
+#include "cuda/util.cuh"
+#include "ops/semicrf_gpu.hpp"
+#include "ops/semicrf_math.hpp"
+
+namespace ad::cuda_k {
+
+namespace {
+using i64 = std::int64_t;
+using semicrf::kNegInf;
+using semicrf::LseAcc;
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kAll = 0xffffffffu;
+
+// ---- warp and block reductions (fixed order; the same result in every lane) ----
+__device__ double warp_max(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(kAll, v, o));
+  return v;
+}
+__device__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kAll, v, o);
+  return v;
+}
+__device__ LseAcc warp_lse(LseAcc a) {
+  for (int o = 16; o > 0; o >>= 1) {
+    LseAcc b;
+    b.m = __shfl_xor_sync(kAll, a.m, o);
+    b.s = __shfl_xor_sync(kAll, a.s, o);
+    a.merge(b);
+  }
+  return a;
+}
+// max over v of every thread of the block; red: kWarps doubles of shared memory
+__device__ double block_max(double v, double* red) {
+  v = warp_max(v);
+  __syncthreads();  // red is free
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double r = kNegInf;
+  for (int w = 0; w < kWarps; ++w) r = fmax(r, red[w]);
+  return r;
+}
+// sum over v of every thread of the block, tree order; red: kThreads doubles
+__device__ double block_sum(double v, double* red) {
+  __syncthreads();
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int h = kThreads / 2; h > 0; h >>= 1) {
+    if (static_cast<int>(threadIdx.x) < h) red[threadIdx.x] += red[threadIdx.x + h];
+    __syncthreads();
+  }
+  return red[0];
+}
+
+enum PassId : int { kLogz = 0, kBackward = 1, kMarginals = 2 };
+
+// Everything a lane needs; passed by value to the kernels.
+template <class E> struct Ctx {
+  i64 B, T, K, C, ke, I;
+  const E *S, *Tr, *D, *P;
+  const i64* L;
+  semicrf::gpu::Layout Y;
+  int pass;
+  const E* dlogz;
+  E* out;
+  char* ws;
+};
+
+// ---- fast path: one sequence in one block ----
+template <class E> struct Fast {
+  const Ctx<E>& X;
+  char* lb;
+  double* red;
+  i64 L = 0;
+  const E* Sb = nullptr;
+  double g = 1, logz = 0;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int tid = static_cast<int>(threadIdx.x);
+
+  __device__ Fast(const Ctx<E>& x, char* l, double* r) : X(x), lb(l), red(r) {}
+  template <class U> __device__ U* at(i64 off) const { return reinterpret_cast<U*>(lb + off); }
+  __device__ double* rows(int r) const { return at<double>(X.Y.rows) + r * X.C; }
+  __device__ double* arow() const { return rows(0); }  // α[t] or α[s]
+  __device__ double* Arow() const { return rows(1); }  // A[s]
+  __device__ double* gam() const { return rows(2); }   // γ[s]
+  __device__ double* sm() const { return rows(3); }    // start marginals
+  __device__ double* run() const { return rows(4); }   // marginals running sum
+  __device__ double* abase() const { return at<double>(X.Y.abase); }
+  __device__ E* ck(i64 j) const { return at<E>(X.Y.ck_ring + j * X.Y.ck_stride); }
+  __device__ double* meta(i64 j) const { return at<double>(X.Y.ck_meta + j * X.Y.meta_stride); }
+  __device__ E* ival() const { return at<E>(X.Y.ival); }
+  __device__ double* nu() const { return at<double>(X.Y.nu); }
+  __device__ E* bring() const { return at<E>(X.Y.bring); }
+  __device__ double* bbase() const { return at<double>(X.Y.bbase); }
+  __device__ double* gD() const { return at<double>(X.Y.gD); }
+  __device__ double* gTr() const { return at<double>(X.Y.gTr); }
+  __device__ double* gP() const { return at<double>(X.Y.gP); }
+  __device__ double Sv(i64 t, i64 c) const { return static_cast<double>(Sb[t * X.C + c]); }
+  __device__ double Dv(i64 k, i64 c) const { return static_cast<double>(X.D[(k - 1) * X.C + c]); }
+  __device__ double Trv(i64 cp, i64 c) const { return static_cast<double>(X.Tr[cp * X.C + c]); }
+
+  // ---- α ring: column c, slot s % ke, value Ã[s,c] − base[lap parity][c] ----
+  __device__ double aval(const E* ring, i64 s, i64 c) const {
+    return static_cast<double>(ring[c * X.ke + s % X.ke]) + abase()[((s / X.ke) & 1) * X.C + c];
+  }
+  // one thread per label
+  __device__ void write_aring(E* ring, i64 t, i64 c, double v) const {
+    double& bs = abase()[((t / X.ke) & 1) * X.C + c];
+    if (t % X.ke == 0 && isfinite(v)) bs = v;
+    ring[c * X.ke + t % X.ke] = static_cast<E>(v - bs);
+  }
+  __device__ void init_aring(E* ring) const {
+    for (i64 c = tid; c < X.C; c += kThreads) {
+      double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
+      abase()[c] = isfinite(a0) ? a0 : 0.0;
+      abase()[X.C + c] = 0.0;
+      ring[c * X.ke] = static_cast<E>(a0 - abase()[c]);
+    }
+  }
+  // row[c] = α[t,c] = S[t,c] + lse_k (Ã[t−k,c] + D[k−1,c]), t >= 1
+  __device__ void alpha_step(const E* ring, i64 t, double* row) const {
+    const i64 m = t < X.ke ? t : X.ke;
+    for (i64 c = warp; c < X.C; c += kWarps) {
+      double mx = kNegInf;
+      for (i64 k = lane + 1; k <= m; k += 32) mx = fmax(mx, aval(ring, t - k, c) + Dv(k, c));
+      const double M = warp_max(mx);
+      double r = kNegInf;
+      if (M != kNegInf) {
+        double s = 0;
+        for (i64 k = lane + 1; k <= m; k += 32)
+          s += static_cast<double>(semicrf::exp_win(static_cast<E>(aval(ring, t - k, c) + Dv(k, c) - M)));
+        s = warp_sum(s);
+        r = Sv(t, c) + M + std::log(s);
+      }
+      if (lane == 0) row[c] = r;
+    }
+  }
+  // A[t,c] = lse_c' (row[c'] + Tr[c',c]); into Aout and/or the ring (as Ã)
+  __device__ void trans_in(const double* row, i64 t, E* ring, double* Aout) const {
+    for (i64 c = warp; c < X.C; c += kWarps) {
+      double mx = kNegInf;
+      for (i64 cp = lane; cp < X.C; cp += 32) mx = fmax(mx, row[cp] + Trv(cp, c));
+      const double M = warp_max(mx);
+      double A = kNegInf;
+      if (M != kNegInf) {
+        double s = 0;
+        for (i64 cp = lane; cp < X.C; cp += 32) s += semicrf::exp_or_zero(row[cp] + Trv(cp, c) - M);
+        s = warp_sum(s);
+        A = M + std::log(s);
+      }
+      if (lane == 0) {
+        if (Aout) Aout[c] = A;
+        if (ring) write_aring(ring, t, c, A - Sv(t, c));
+      }
+    }
+  }
+  // interval row i = row − its maximum (f64), in E
+  __device__ void store_ival(i64 i, const double* row) const {
+    double mx = kNegInf;
+    for (i64 c = tid; c < X.C; c += kThreads) mx = fmax(mx, row[c]);
+    double nv = block_max(mx, red);
+    if (nv == kNegInf) nv = 0;
+    if (tid == 0) nu()[i] = nv;
+    for (i64 c = tid; c < X.C; c += kThreads) ival()[i * X.C + c] = static_cast<E>(row[c] - nv);
+  }
+  __device__ void load_ival(i64 i, double* row) const {
+    const double nv = nu()[i];
+    for (i64 c = tid; c < X.C; c += kThreads) row[c] = static_cast<double>(ival()[i * X.C + c]) + nv;
+  }
+
+  // The forward sweep over 0..L; checkpoints j = 1..nck-1 (position j·I) go to
+  // slot j−1, the α rows from ival_from on (-1: none) to the interval buffer.
+  __device__ double forward(E* ring, bool store_ck, i64 nck, i64 ival_from) {
+    double* row = arow();
+    init_aring(ring);
+    if (ival_from == 0)
+      for (i64 c = tid; c < X.C; c += kThreads) row[c] = kNegInf;
+    __syncthreads();
+    if (ival_from == 0) store_ival(0, row);
+    for (i64 t = 1; t <= L; ++t) {
+      alpha_step(ring, t, row);
+      __syncthreads();
+      if (store_ck && t % X.I == 0 && t / X.I < nck) {
+        const i64 j = t / X.I;
+        E* dst = ck(j - 1);
+        for (i64 i = tid; i < X.C * X.ke; i += kThreads) dst[i] = ring[i];
+        double* mt = meta(j - 1);
+        for (i64 c = tid; c < X.C; c += kThreads) {
+          mt[c] = abase()[c];
+          mt[X.C + c] = abase()[X.C + c];
+          mt[2 * X.C + c] = row[c];
+        }
+        __syncthreads();
+      }
+      if (ival_from >= 0 && t >= ival_from) store_ival(t - ival_from, row);
+      if (t < L) trans_in(row, t, ring, nullptr);
+      __syncthreads();
+    }
+    LseAcc z;
+    for (i64 c = 0; c < X.C; ++c) z.add(row[c]);
+    return z.value();
+  }
+
+  // ---- β ring: column c, slot e % ke, value B̃[e,c] − base (B̃ = β + S) ----
+  __device__ double bval(i64 e, i64 c) const {
+    return static_cast<double>(bring()[c * X.ke + e % X.ke]) + bbase()[((e / X.ke) & 1) * X.C + c];
+  }
+  __device__ void write_bring(i64 s, i64 c, double v) const {
+    double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
+    if ((s == L || s % X.ke == X.ke - 1) && isfinite(v)) bs = v;
+    bring()[c * X.ke + s % X.ke] = static_cast<E>(v - bs);
+  }
+  // γ[s,c] = −S[s,c] + lse_k (B̃[s+k,c] + D[k−1,c]), the start marginal, and
+  // dD[k−1,c] += g μ(s,k,c) (s < L)
+  __device__ void gamma_step(i64 s, bool grads) const {
+    const i64 m = L - s < X.ke ? L - s : X.ke;
+    for (i64 c = warp; c < X.C; c += kWarps) {
+      double mx = kNegInf;
+      for (i64 k = lane + 1; k <= m; k += 32) mx = fmax(mx, bval(s + k, c) + Dv(k, c));
+      const double M = warp_max(mx);
+      const double Ac = Arow()[c], Ssc = Sv(s, c);
+      if (M == kNegInf) {
+        if (lane == 0) { gam()[c] = kNegInf; sm()[c] = 0; }
+        continue;
+      }
+      // μ(s,k,c) = e^{A − S[s] + x_k − logZ} = f/g · e^{x_k − M}
+      const double f = grads && Ac != kNegInf ? g * std::exp(M - Ssc + Ac - logz) : 0.0;
+      double sum = 0;
+      for (i64 k = lane + 1; k <= m; k += 32) {
+        const double e = static_cast<double>(semicrf::exp_win(static_cast<E>(bval(s + k, c) + Dv(k, c) - M)));
+        sum += e;
+        if (f != 0) gD()[(k - 1) * X.C + c] += f * e;
+      }
+      sum = warp_sum(sum);
+      const double gr = M - Ssc + std::log(sum);
+      if (lane == 0) {
+        gam()[c] = gr;
+        sm()[c] = Ac != kNegInf ? std::exp(Ac + gr - logz) : 0.0;
+      }
+    }
+  }
+  // dTr[c',c] += g start[s,c] e^{α[s,c'] + Tr[c',c] − A[s,c]} (s >= 1); one thread per (c', c)
+  __device__ void dtr_step() const {
+    const double* row = arow();
+    for (i64 p = tid; p < X.C * X.C; p += kThreads) {
+      const i64 cp = p / X.C, c = p % X.C;
+      const double st = sm()[c];
+      if (st == 0) continue;
+      const double x = row[cp] + Trv(cp, c) - Arow()[c];
+      if (x != kNegInf) gTr()[p] += std::exp(x) * (g * st);
+    }
+  }
+  // β[s,c'] = lse_c (Tr[c',c] + γ[s,c]); end marginals, dS, marginals; β ring (s >= 1)
+  __device__ void beta_step(i64 s, E* dS, E* marg) const {
+    const double* row = arow();
+    for (i64 cp = warp; cp < X.C; cp += kWarps) {
+      double mx = kNegInf;
+      for (i64 c = lane; c < X.C; c += 32) mx = fmax(mx, Trv(cp, c) + gam()[c]);
+      const double M = warp_max(mx);
+      double beta = kNegInf;
+      if (M != kNegInf) {
+        double s2 = 0;
+        for (i64 c = lane; c < X.C; c += 32) s2 += semicrf::exp_or_zero(Trv(cp, c) + gam()[c] - M);
+        s2 = warp_sum(s2);
+        beta = M + std::log(s2);
+      }
+      if (lane == 0) {
+        const double en = row[cp] != kNegInf && beta != kNegInf ? std::exp(row[cp] + beta - logz) : 0.0;
+        if (dS) dS[s * X.C + cp] = static_cast<E>(g * (en - sm()[cp]));
+        if (marg) marg[s * X.C + cp] = static_cast<E>(run()[cp]);
+        run()[cp] += en - sm()[cp];
+        write_bring(s, cp, beta + Sv(s, cp));
+      }
+    }
+  }
+
+  // The backward pass of one sequence: gradients (grads) or marginals.
+  __device__ void backward(bool grads, E* dS, E* marg) {
+    const i64 C = X.C, I = X.I;
+    const i64 nck = semicrf::checkpoint_count(L, I), nint = nck + 1;
+    logz = forward(ck(nck >= 1 ? nck - 1 : 0), true, nck, nck * I);
+    if (!isfinite(logz) || g == 0) {
+      for (i64 i = tid; i < (L + 1) * C; i += kThreads) {
+        if (dS) dS[i] = E(0);
+        if (marg && i < L * C) marg[i] = E(0);
+      }
+      __syncthreads();
+      return;
+    }
+    for (i64 c = tid; c < C; c += kThreads) {
+      run()[c] = 0;
+      bbase()[c] = 0;
+      bbase()[C + c] = 0;
+    }
+    double* row = arow();
+    __syncthreads();
+    for (i64 j = nint - 1; j >= 0; --j) {
+      const i64 a = j * I, e = a + I < L + 1 ? a + I : L + 1;
+      if (j < nint - 1) {  // restore the ring and recompute α over the interval
+        E* ring = ck(j >= 1 ? j - 1 : 0);
+        if (j >= 1) {
+          const double* mt = meta(j - 1);
+          for (i64 c = tid; c < C; c += kThreads) {
+            abase()[c] = mt[c];
+            abase()[C + c] = mt[C + c];
+            row[c] = mt[2 * C + c];
+          }
+        } else {
+          init_aring(ring);
+          for (i64 c = tid; c < C; c += kThreads) row[c] = kNegInf;
+        }
+        __syncthreads();
+        store_ival(0, row);
+        if (j >= 1) trans_in(row, a, ring, nullptr);  // a < L here
+        __syncthreads();
+        for (i64 t = a + 1; t < e; ++t) {
+          alpha_step(ring, t, row);
+          __syncthreads();
+          store_ival(t - a, row);
+          if (t < L) trans_in(row, t, ring, nullptr);
+          __syncthreads();
+        }
+      }
+      for (i64 s = e - 1; s >= a; --s) {
+        load_ival(s - a, row);
+        __syncthreads();
+        if (s == L) {
+          for (i64 c = tid; c < C; c += kThreads) {
+            write_bring(L, c, Sv(L, c));
+            const double en = row[c] != kNegInf ? std::exp(row[c] - logz) : 0.0;
+            if (dS) dS[L * C + c] = static_cast<E>(g * en);
+            run()[c] = en;
+          }
+          __syncthreads();
+          continue;
+        }
+        if (s == 0) {
+          for (i64 c = tid; c < C; c += kThreads) Arow()[c] = static_cast<double>(X.P[c]);
+        } else {
+          trans_in(row, s, nullptr, Arow());
+        }
+        __syncthreads();
+        gamma_step(s, grads);
+        __syncthreads();
+        if (s == 0) {
+          for (i64 c = tid; c < C; c += kThreads) {
+            if (marg) marg[c] = static_cast<E>(run()[c]);
+            if (dS) dS[c] = static_cast<E>(-g * sm()[c]);
+            if (grads) gP()[c] += g * sm()[c];
+          }
+          __syncthreads();
+          continue;
+        }
+        if (grads) dtr_step();
+        beta_step(s, dS, marg);
+        __syncthreads();
+      }
+    }
+  }
+};
+
+template <class E> __global__ void __launch_bounds__(kThreads) fast_kernel(Ctx<E> X) {
+  __shared__ double red[kWarps];
+  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
+  char* lb = X.ws + lane_id * X.Y.lane_bytes;
+  Fast<E> q(X, lb, red);
+  const i64 C = X.C, T = X.T;
+  if (X.pass == kBackward) {
+    for (i64 i = q.tid; i < X.ke * C; i += kThreads) q.gD()[i] = 0;
+    for (i64 i = q.tid; i < C * C; i += kThreads) q.gTr()[i] = 0;
+    for (i64 i = q.tid; i < C; i += kThreads) q.gP()[i] = 0;
+  }
+  for (i64 b = lane_id; b < X.B; b += lanes) {
+    __syncthreads();
+    q.L = X.L[b];
+    q.Sb = X.S + b * (T + 1) * C;
+    if (X.pass == kLogz) {
+      const double z = q.forward(q.ck(0), false, 0, -1);
+      if (q.tid == 0) X.out[b] = static_cast<E>(z);
+      continue;
+    }
+    if (X.pass == kMarginals) {
+      E* marg = X.out + b * T * C;
+      for (i64 i = q.L * C + q.tid; i < T * C; i += kThreads) marg[i] = E(0);
+      q.g = 1;
+      q.backward(false, nullptr, marg);
+      continue;
+    }
+    E* dS = X.out + b * (T + 1) * C;
+    for (i64 i = (q.L + 1) * C + q.tid; i < (T + 1) * C; i += kThreads) dS[i] = E(0);
+    q.g = static_cast<double>(X.dlogz[b]);
+    q.backward(true, dS, nullptr);
+  }
+}
+
+// ---- general path (Tr (K, C, C)): f64 rings, row per slot ----
+template <class E> struct Gen {
+  const Ctx<E>& X;
+  char* lb;
+  i64 L = 0;
+  const E* Sb = nullptr;
+  double g = 1, logz = 0;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int tid = static_cast<int>(threadIdx.x);
+
+  __device__ Gen(const Ctx<E>& x, char* l) : X(x), lb(l) {}
+  template <class U> __device__ U* at(i64 off) const { return reinterpret_cast<U*>(lb + off); }
+  __device__ double* rows(int r) const { return at<double>(X.Y.rows) + r * X.C; }
+  __device__ double* ck(i64 j) const { return at<double>(X.Y.ck_ring + j * X.Y.ck_stride); }
+  __device__ double* ival() const { return at<double>(X.Y.ival); }
+  __device__ double* bring() const { return at<double>(X.Y.bring); }
+  __device__ double* gD() const { return at<double>(X.Y.gD); }
+  __device__ double* gTr() const { return at<double>(X.Y.gTr); }
+  __device__ double* gP() const { return at<double>(X.Y.gP); }
+  __device__ double Sv(i64 t, i64 c) const { return static_cast<double>(Sb[t * X.C + c]); }
+  __device__ double Dv(i64 k, i64 c) const { return static_cast<double>(X.D[(k - 1) * X.C + c]); }
+  __device__ double Trv(i64 k, i64 cp, i64 c) const {
+    return static_cast<double>(X.Tr[(k - 1) * X.C * X.C + cp * X.C + c]);
+  }
+
+  // row[c] = α[t,c] from the ring holding α[t−ke..t−1] (slot s % ke), t >= 1
+  __device__ void alpha_step(const double* ring, i64 t, double* row) const {
+    const i64 m = t < X.ke ? t : X.ke;
+    for (i64 c = warp; c < X.C; c += kWarps) {
+      LseAcc acc;
+      for (i64 k = lane + 1; k <= m; k += 32) {
+        const i64 s = t - k;
+        double inner;
+        if (s == 0) {
+          inner = static_cast<double>(X.P[c]);
+        } else {
+          LseAcc in;
+          const double* r = ring + (s % X.ke) * X.C;
+          for (i64 cp = 0; cp < X.C; ++cp) in.add(r[cp] + Trv(k, cp, c));
+          inner = in.value();
+        }
+        if (inner == kNegInf) continue;
+        acc.add(Sv(t, c) - Sv(s, c) + Dv(k, c) + inner);
+      }
+      acc = warp_lse(acc);
+      if (lane == 0) row[c] = acc.value();
+    }
+  }
+  __device__ double forward(double* ring, bool store, i64 nck, i64 ival_from) {
+    double* row = rows(0);
+    if (ival_from == 0)
+      for (i64 c = tid; c < X.C; c += kThreads) ival()[c] = kNegInf;
+    for (i64 t = 1; t <= L; ++t) {
+      alpha_step(ring, t, row);
+      __syncthreads();
+      for (i64 c = tid; c < X.C; c += kThreads) ring[(t % X.ke) * X.C + c] = row[c];
+      __syncthreads();
+      if (store && t % X.I == 0 && t / X.I < nck) {
+        double* dst = ck(t / X.I - 1);
+        for (i64 i = tid; i < X.ke * X.C; i += kThreads) dst[i] = ring[i];
+      }
+      if (ival_from >= 0 && t >= ival_from)
+        for (i64 c = tid; c < X.C; c += kThreads) ival()[(t - ival_from) * X.C + c] = row[c];
+      __syncthreads();
+    }
+    LseAcc z;
+    for (i64 c = 0; c < X.C; ++c) z.add(row[c]);
+    return z.value();
+  }
+  // μ(s,k,c) summed over k into sm[c]; dD, dTr (s < L). Warp per c, lanes over k.
+  __device__ void mu_step(i64 s, const double* al, bool grads) const {
+    const i64 m = L - s < X.ke ? L - s : X.ke;
+    double* sm = rows(1);
+    for (i64 c = warp; c < X.C; c += kWarps) {
+      double acc = 0;
+      for (i64 k = lane + 1; k <= m; k += 32) {
+        const double* be = bring() + ((s + k) % X.ke) * X.C;
+        const double G = Sv(s + k, c) - Sv(s, c) + Dv(k, c) + be[c];
+        if (G == kNegInf) continue;
+        double mu = 0;
+        if (s == 0) {
+          mu = semicrf::exp_or_zero(static_cast<double>(X.P[c]) + G - logz);
+        } else {
+          for (i64 cp = 0; cp < X.C; ++cp) {
+            const double x = Trv(k, cp, c) + G;
+            if (al[cp] == kNegInf || x == kNegInf) continue;
+            const double w = std::exp(al[cp] + x - logz);
+            if (grads) gTr()[(k - 1) * X.C * X.C + cp * X.C + c] += g * w;
+            mu += w;
+          }
+        }
+        acc += mu;
+        if (grads) gD()[(k - 1) * X.C + c] += g * mu;
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) sm[c] = acc;
+    }
+  }
+  // β[s,c'] = lse_{k,c} (Tr[k−1,c',c] + G(s,k,c)) into rows(3); dS, marginals (s >= 1)
+  __device__ void beta_step(i64 s, const double* al, E* dS, E* marg) const {
+    const i64 m = L - s < X.ke ? L - s : X.ke;
+    double *sm = rows(1), *run = rows(2), *bet = rows(3);
+    for (i64 cp = warp; cp < X.C; cp += kWarps) {
+      LseAcc acc;
+      for (i64 j = lane; j < m * X.C; j += 32) {
+        const i64 k = j / X.C + 1, c = j % X.C;
+        const double* be = bring() + ((s + k) % X.ke) * X.C;
+        const double G = Sv(s + k, c) - Sv(s, c) + Dv(k, c) + be[c];
+        if (G == kNegInf) continue;
+        acc.add(Trv(k, cp, c) + G);
+      }
+      acc = warp_lse(acc);
+      if (lane == 0) {
+        const double beta = acc.value();
+        const double en = al[cp] != kNegInf && beta != kNegInf ? std::exp(al[cp] + beta - logz) : 0.0;
+        if (dS) dS[s * X.C + cp] = static_cast<E>(g * (en - sm[cp]));
+        if (marg) marg[s * X.C + cp] = static_cast<E>(run[cp]);
+        run[cp] += en - sm[cp];
+        bet[cp] = beta;
+      }
+    }
+  }
+  __device__ void backward(bool grads, E* dS, E* marg) {
+    const i64 C = X.C, I = X.I, ke = X.ke;
+    const i64 nck = semicrf::checkpoint_count(L, I), nint = nck + 1;
+    logz = forward(ck(nck >= 1 ? nck - 1 : 0), true, nck, nck * I);
+    if (!isfinite(logz) || g == 0) {
+      for (i64 i = tid; i < (L + 1) * C; i += kThreads) {
+        if (dS) dS[i] = E(0);
+        if (marg && i < L * C) marg[i] = E(0);
+      }
+      __syncthreads();
+      return;
+    }
+    double *sm = rows(1), *run = rows(2), *bet = rows(3);
+    for (i64 c = tid; c < C; c += kThreads) run[c] = 0;
+    __syncthreads();
+    for (i64 j = nint - 1; j >= 0; --j) {
+      const i64 a0 = j * I, e0 = a0 + I < L + 1 ? a0 + I : L + 1;
+      if (j < nint - 1) {
+        double* ring = ck(j >= 1 ? j - 1 : 0);
+        for (i64 c = tid; c < C; c += kThreads) ival()[c] = j >= 1 ? ring[(a0 % ke) * C + c] : kNegInf;
+        __syncthreads();
+        for (i64 t = a0 + 1; t < e0; ++t) {
+          alpha_step(ring, t, rows(0));
+          __syncthreads();
+          for (i64 c = tid; c < C; c += kThreads) {
+            ring[(t % ke) * C + c] = rows(0)[c];
+            ival()[(t - a0) * C + c] = rows(0)[c];
+          }
+          __syncthreads();
+        }
+      }
+      for (i64 s = e0 - 1; s >= a0; --s) {
+        const double* al = ival() + (s - a0) * C;
+        double* br = bring() + (s % ke) * C;
+        if (s == L) {
+          for (i64 c = tid; c < C; c += kThreads) {
+            const double en = al[c] != kNegInf ? std::exp(al[c] - logz) : 0.0;
+            if (dS) dS[L * C + c] = static_cast<E>(g * en);
+            run[c] = en;
+            br[c] = 0.0;
+          }
+          __syncthreads();
+          continue;
+        }
+        mu_step(s, al, grads);
+        __syncthreads();
+        if (s == 0) {
+          for (i64 c = tid; c < C; c += kThreads) {
+            if (marg) marg[c] = static_cast<E>(run[c]);
+            if (dS) dS[c] = static_cast<E>(-g * sm[c]);
+            if (grads) gP()[c] += g * sm[c];
+          }
+          __syncthreads();
+          continue;
+        }
+        beta_step(s, al, dS, marg);
+        __syncthreads();  // the β ring slot of s (position s + ke) is no longer read
+        for (i64 c = tid; c < C; c += kThreads) br[c] = bet[c];
+        __syncthreads();
+      }
+    }
+  }
+};
+
+template <class E> __global__ void __launch_bounds__(kThreads) gen_kernel(Ctx<E> X) {
+  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
+  Gen<E> q(X, X.ws + lane_id * X.Y.lane_bytes);
+  const i64 C = X.C, T = X.T;
+  if (X.pass == kBackward) {
+    for (i64 i = q.tid; i < X.ke * C; i += kThreads) q.gD()[i] = 0;
+    for (i64 i = q.tid; i < X.ke * C * C; i += kThreads) q.gTr()[i] = 0;
+    for (i64 i = q.tid; i < C; i += kThreads) q.gP()[i] = 0;
+  }
+  for (i64 b = lane_id; b < X.B; b += lanes) {
+    __syncthreads();
+    q.L = X.L[b];
+    q.Sb = X.S + b * (T + 1) * C;
+    if (X.pass == kLogz) {
+      const double z = q.forward(q.ck(0), false, 0, -1);
+      if (q.tid == 0) X.out[b] = static_cast<E>(z);
+      continue;
+    }
+    if (X.pass == kMarginals) {
+      E* marg = X.out + b * T * C;
+      for (i64 i = q.L * C + q.tid; i < T * C; i += kThreads) marg[i] = E(0);
+      q.g = 1;
+      q.backward(false, nullptr, marg);
+      continue;
+    }
+    E* dS = X.out + b * (T + 1) * C;
+    for (i64 i = (q.L + 1) * C + q.tid; i < (T + 1) * C; i += kThreads) dS[i] = E(0);
+    q.g = static_cast<double>(X.dlogz[b]);
+    q.backward(true, dS, nullptr);
+  }
+}
+
+// Parameter gradients: the lanes' f64 partial sums added in lane order, one
+// thread per entry of [dTr | dD (K, C) | dP]; rows k >= ke of dD (and of a
+// (K, C, C) dTr) are 0.
+template <class E> __global__ void param_grads_kernel(Ctx<E> X, bool general) {
+  const i64 C = X.C, nTr = general ? X.K * C * C : C * C, nD = X.K * C, n = nTr + nD + C;
+  E* o = X.out + X.B * (X.T + 1) * C;
+  const i64 lanes = X.Y.lanes;
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    i64 off = -1, idx = 0;
+    if (i < nTr) {
+      if (!general || i < X.ke * C * C) { off = X.Y.gTr; idx = i; }
+    } else if (i < nTr + nD) {
+      if (i - nTr < X.ke * C) { off = X.Y.gD; idx = i - nTr; }
+    } else {
+      off = X.Y.gP;
+      idx = i - nTr - nD;
+    }
+    double s = 0;
+    if (off >= 0)
+      for (i64 l = 0; l < lanes; ++l) s += reinterpret_cast<const double*>(X.ws + l * X.Y.lane_bytes + off)[idx];
+    o[i] = static_cast<E>(s);
+  }
+}
+
+// ---- Viterbi: f64 max-plus, the CPU's expressions and tie rules ----
+// (v, k, c') pairs: the larger v wins; ties go to the smaller k (lanes own
+// distinct k, so the order is total and every lane ends with the same pair).
+__device__ void warp_argmax(double& v, int& k, int& cp) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const double ov = __shfl_xor_sync(kAll, v, o);
+    const int ok = __shfl_xor_sync(kAll, k, o), oc = __shfl_xor_sync(kAll, cp, o);
+    if (ov > v || (ov == v && ok < k)) { v = ov; k = ok; cp = oc; }
+  }
+}
+
+template <class E> __global__ void __launch_bounds__(kThreads) viterbi_kernel(Ctx<E> X, bool general, i64* out) {
+  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int tid = static_cast<int>(threadIdx.x);
+  char* lb = X.ws + lane_id * X.Y.lane_bytes;
+  const i64 C = X.C, T = X.T, ke = X.ke;
+  double* ring = reinterpret_cast<double*>(lb + X.Y.ck_ring);
+  auto* bk = reinterpret_cast<std::int32_t*>(lb + X.Y.bk);
+  auto* bc = reinterpret_cast<std::int32_t*>(lb + X.Y.bc);
+  double* row = reinterpret_cast<double*>(lb + X.Y.rows);
+  double* tmp = row + C;
+  for (i64 b = lane_id; b < X.B; b += lanes) {
+    __syncthreads();
+    const i64 L = X.L[b];
+    const E* S = X.S + b * (T + 1) * C;
+    auto Sv = [&](i64 t, i64 c) { return static_cast<double>(S[t * C + c]); };
+    auto Dv = [&](i64 k, i64 c) { return static_cast<double>(X.D[(k - 1) * C + c]); };
+    i64* r = out + b * T;
+    if (!general) {
+      // ring column c, slot s % ke: Ã*[s,c] = max_c'(α*[s,c'] + Tr[c',c]) − S[s,c]
+      for (i64 c = tid; c < C; c += kThreads) ring[c * ke] = static_cast<double>(X.P[c]) - Sv(0, c);
+      __syncthreads();
+      for (i64 t = 1; t <= L; ++t) {
+        const i64 w = t < ke ? t : ke;
+        for (i64 c = warp; c < C; c += kWarps) {
+          double best = kNegInf;
+          int bkk = 0, none = -1;
+          for (i64 k = lane + 1; k <= w; k += 32) {
+            const double v = ring[c * ke + (t - k) % ke] + Dv(k, c);
+            if (v > best) { best = v; bkk = static_cast<int>(k); }
+          }
+          warp_argmax(best, bkk, none);
+          if (lane == 0) {
+            row[c] = best == kNegInf ? kNegInf : Sv(t, c) + best;
+            bk[t * C + c] = best == kNegInf ? 0 : bkk;
+          }
+        }
+        __syncthreads();
+        if (t == L) break;
+        for (i64 c = tid; c < C; c += kThreads) {
+          double best = kNegInf;
+          std::int32_t arg = 0;
+          for (i64 cp = 0; cp < C; ++cp) {
+            const double v = row[cp] + static_cast<double>(X.Tr[cp * C + c]);
+            if (v > best) { best = v; arg = static_cast<std::int32_t>(cp); }
+          }
+          bc[t * C + c] = arg;
+          ring[c * ke + t % ke] = best - Sv(t, c);
+        }
+        __syncthreads();
+      }
+    } else {
+      // ring row per position: α*[s, ·] at slot s % ke
+      for (i64 t = 1; t <= L; ++t) {
+        const i64 w = t < ke ? t : ke;
+        for (i64 c = warp; c < C; c += kWarps) {
+          double best = kNegInf;
+          int bkk = 0, bcc = -1;
+          for (i64 k = lane + 1; k <= w; k += 32) {
+            const i64 s = t - k;
+            const double base = Sv(t, c) - Sv(s, c) + Dv(k, c);
+            if (s == 0) {
+              const double v = base + static_cast<double>(X.P[c]);
+              if (v > best) { best = v; bkk = static_cast<int>(k); bcc = -1; }
+              continue;
+            }
+            const double* pr = ring + (s % ke) * C;
+            for (i64 cp = 0; cp < C; ++cp) {
+              const double v = base + pr[cp] + static_cast<double>(X.Tr[(k - 1) * C * C + cp * C + c]);
+              if (v > best) { best = v; bkk = static_cast<int>(k); bcc = static_cast<int>(cp); }
+            }
+          }
+          warp_argmax(best, bkk, bcc);
+          if (lane == 0) {
+            tmp[c] = best;
+            bk[t * C + c] = bkk;
+            bc[t * C + c] = bcc;
+          }
+        }
+        __syncthreads();
+        for (i64 c = tid; c < C; c += kThreads) {
+          ring[(t % ke) * C + c] = tmp[c];
+          row[c] = tmp[c];
+        }
+        __syncthreads();
+      }
+    }
+    for (i64 t = tid; t < T; t += kThreads) r[t] = -1;
+    __syncthreads();
+    if (tid == 0) {
+      double best = kNegInf;
+      i64 c = 0;
+      for (i64 cc = 0; cc < C; ++cc)
+        if (row[cc] > best) { best = row[cc]; c = cc; }
+      if (best != kNegInf) {  // else r[0] stays -1: reported by the caller
+        for (i64 t = L; t > 0;) {
+          const i64 k = bk[t * C + c], s = t - k;
+          r[s] = c;
+          if (s > 0) c = general ? bc[t * C + c] : bc[s * C + c];
+          t = s;
+        }
+      }
+    }
+  }
+}
+
+// ---- score of gold segmentations and its gradient ----
+template <class E> __device__ double tr_at(const Ctx<E>& X, bool general, i64 k, i64 cp, i64 c) {
+  return static_cast<double>(general ? X.Tr[(k - 1) * X.C * X.C + cp * X.C + c] : X.Tr[cp * X.C + c]);
+}
+template <class E> __global__ void score_kernel(Ctx<E> X, bool general, const i64* seg) {
+  for (i64 b = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; b < X.B;
+       b += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const E* S = X.S + b * (X.T + 1) * X.C;
+    double total = 0;
+    semicrf::for_each_segment(seg + b * X.T, X.L[b], [&](i64 s, i64 k, i64 c, i64 prev) {
+      total += semicrf::segment_score(S + c, X.D + c, X.C, s, k);
+      total += prev < 0 ? static_cast<double>(X.P[c]) : tr_at(X, general, k, prev, c);
+    });
+    X.out[b] = static_cast<E>(total);
+  }
+}
+// dS, one thread per sequence (rows of b only); the output was zeroed
+template <class E> __global__ void score_ds_kernel(Ctx<E> X, const i64* seg) {
+  for (i64 b = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; b < X.B;
+       b += static_cast<i64>(gridDim.x) * blockDim.x) {
+    E* dS = X.out + b * (X.T + 1) * X.C;
+    const E g = X.dlogz[b];
+    semicrf::for_each_segment(seg + b * X.T, X.L[b], [&](i64 s, i64 k, i64 c, i64) {
+      dS[(s + k) * X.C + c] += g;
+      dS[s * X.C + c] -= g;
+    });
+  }
+}
+// dTr, dD, dP: one thread, sequences in batch order (the CPU's order)
+template <class E> __global__ void score_params_kernel(Ctx<E> X, bool general, const i64* seg) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const i64 C = X.C, nTr = general ? X.K * C * C : C * C;
+  E* dTr = X.out + X.B * (X.T + 1) * C;
+  E* dD = dTr + nTr;
+  E* dP = dD + X.K * C;
+  for (i64 b = 0; b < X.B; ++b) {
+    const E g = X.dlogz[b];
+    semicrf::for_each_segment(seg + b * X.T, X.L[b], [&](i64, i64 k, i64 c, i64 prev) {
+      dD[(k - 1) * C + c] += g;
+      if (prev < 0) dP[c] += g;
+      else dTr[general ? (k - 1) * C * C + prev * C + c : prev * C + c] += g;
+    });
+  }
+}
+
+// ---- cumulative scores: one block per sequence ----
+template <class E> __global__ void __launch_bounds__(kThreads) cumulative_kernel(i64 T, i64 C, const E* x, E* S) {
+  __shared__ double red[kThreads];
+  const i64 b = blockIdx.x;
+  const E* xb = x + b * T * C;
+  E* Sb = S + b * (T + 1) * C;
+  double part = 0;
+  for (i64 i = threadIdx.x; i < T * C; i += kThreads) part += static_cast<double>(xb[i]);
+  const double total = block_sum(part, red);
+  const double m = T * C > 0 ? total / static_cast<double>(T * C) : 0.0;
+  for (i64 c = threadIdx.x; c < C; c += kThreads) {
+    double acc = 0;
+    Sb[c] = E(0);
+    for (i64 u = 0; u < T; ++u) {
+      acc += static_cast<double>(xb[u * C + c]) - m;
+      Sb[(u + 1) * C + c] = static_cast<E>(acc);
+    }
+  }
+}
+// dy[t,c] = Σ_{u>t} dS[u,c], dx = dy − mean(dy): the suffix sums twice (once
+// for the mean), no T-sized temporary
+template <class E>
+__global__ void __launch_bounds__(kThreads) cumulative_backward_kernel(i64 T, i64 C, const E* dS, E* dx) {
+  __shared__ double red[kThreads];
+  const i64 b = blockIdx.x;
+  const E* g = dS + b * (T + 1) * C;
+  E* o = dx + b * T * C;
+  double part = 0;
+  for (i64 c = threadIdx.x; c < C; c += kThreads) {
+    double acc = 0;
+    for (i64 u = T - 1; u >= 0; --u) {
+      acc += static_cast<double>(g[(u + 1) * C + c]);
+      part += acc;
+    }
+  }
+  const double total = block_sum(part, red);
+  const double m = T * C > 0 ? total / static_cast<double>(T * C) : 0.0;
+  for (i64 c = threadIdx.x; c < C; c += kThreads) {
+    double acc = 0;
+    for (i64 u = T - 1; u >= 0; --u) {
+      acc += static_cast<double>(g[(u + 1) * C + c]);
+      o[u * C + c] = static_cast<E>(acc - m);
+    }
+  }
+}
+
+// f(T{}) for f32 / f64
+template <class F> void by_type(DType t, F f) {
+  if (t == DType::f32) f(float{});
+  else f(double{});
+}
+
+semicrf::Dims dims_of(DType t, const SemicrfArgs& a) {
+  semicrf::Dims d;
+  d.B = a.B;
+  d.T = a.T;
+  d.K = a.K;
+  d.C = a.C;
+  d.general = a.general;
+  d.esize = t == DType::f64 ? 8 : 4;
+  return d;
+}
+template <class E> Ctx<E> ctx_of(DType t, const SemicrfArgs& a, semicrf::Pass pass, int pid, const void* dlogz,
+                                 void* out, void* ws) {
+  const semicrf::Dims d = dims_of(t, a);
+  Ctx<E> X{};
+  X.B = a.B;
+  X.T = a.T;
+  X.K = a.K;
+  X.C = a.C;
+  X.Y = semicrf::gpu::layout(d, pass);
+  X.ke = X.Y.ke;
+  X.I = X.Y.I;
+  X.S = static_cast<const E*>(a.S);
+  X.Tr = static_cast<const E*>(a.Tr);
+  X.D = static_cast<const E*>(a.D);
+  X.P = static_cast<const E*>(a.P);
+  X.L = a.L;
+  X.pass = pid;
+  X.dlogz = static_cast<const E*>(dlogz);
+  X.out = static_cast<E*>(out);
+  X.ws = static_cast<char*>(ws);
+  return X;
+}
+void run_pass(DType t, const SemicrfArgs& a, semicrf::Pass pass, int pid, const void* dlogz, void* out, void* ws,
+              const char* what) {
+  if (a.B <= 0) return;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    Ctx<E> X = ctx_of<E>(t, a, pass, pid, dlogz, out, ws);
+    const auto lanes = static_cast<unsigned>(X.Y.lanes);
+    if (a.general) gen_kernel<E><<<lanes, kThreads>>>(X);
+    else fast_kernel<E><<<lanes, kThreads>>>(X);
+    check_launch(what);
+    if (pass == semicrf::Pass::backward) {
+      const i64 n = (a.general ? a.K * a.C * a.C : a.C * a.C) + a.K * a.C + a.C;
+      param_grads_kernel<E><<<grid_for(n, 256), 256>>>(X, a.general);
+      check_launch("semicrf_logz_backward (parameter gradients)");
+    }
+  });
+}
+}  // namespace
+
+void semicrf_logz(DType t, const SemicrfArgs& a, void* out, void* ws) {
+  run_pass(t, a, semicrf::Pass::logz, kLogz, nullptr, out, ws, "semicrf_logz");
+}
+void semicrf_logz_backward(DType t, const SemicrfArgs& a, const void* dlogz, void* out, void* ws) {
+  run_pass(t, a, semicrf::Pass::backward, kBackward, dlogz, out, ws, "semicrf_logz_backward");
+}
+void semicrf_marginals(DType t, const SemicrfArgs& a, void* out, void* ws) {
+  run_pass(t, a, semicrf::Pass::marginals, kMarginals, nullptr, out, ws, "semicrf_marginals");
+}
+
+std::int64_t semicrf_viterbi(DType t, const SemicrfArgs& a, std::int64_t* out, void* ws) {
+  if (a.B <= 0) return -1;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    Ctx<E> X = ctx_of<E>(t, a, semicrf::Pass::viterbi, 0, nullptr, nullptr, ws);
+    viterbi_kernel<E><<<static_cast<unsigned>(X.Y.lanes), kThreads>>>(X, a.general, out);
+  });
+  check_launch("semicrf_viterbi");
+  // segments[b, 0] of every b (-1: no allowed segmentation); the copy waits for the kernel
+  std::vector<std::int64_t> first(static_cast<std::size_t>(a.B));
+  check_call(cudaMemcpy2D(first.data(), sizeof(std::int64_t), out, static_cast<std::size_t>(a.T) * sizeof(std::int64_t),
+                          sizeof(std::int64_t), static_cast<std::size_t>(a.B), cudaMemcpyDeviceToHost),
+             "cudaMemcpy2D (semicrf_viterbi check)");
+  for (std::int64_t b = 0; b < a.B; ++b)
+    if (first[static_cast<std::size_t>(b)] < 0) return b;
+  return -1;
+}
+
+void semicrf_score(DType t, const SemicrfArgs& a, const std::int64_t* seg, void* out) {
+  if (a.B <= 0) return;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    Ctx<E> X = ctx_of<E>(t, a, semicrf::Pass::logz, 0, nullptr, out, nullptr);
+    score_kernel<E><<<grid_for(a.B, 128), 128>>>(X, a.general, seg);
+  });
+  check_launch("semicrf_score");
+}
+
+void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* seg, const void* dscore, void* out) {
+  const std::int64_t n = a.B * (a.T + 1) * a.C + (a.general ? a.K * a.C * a.C : a.C * a.C) + a.K * a.C + a.C;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    check_call(cudaMemsetAsync(out, 0, static_cast<std::size_t>(n) * sizeof(E), 0), "cudaMemsetAsync");
+    if (a.B <= 0) return;
+    Ctx<E> X = ctx_of<E>(t, a, semicrf::Pass::logz, 0, dscore, out, nullptr);
+    score_ds_kernel<E><<<grid_for(a.B, 128), 128>>>(X, seg);
+    check_launch("semicrf_score_backward (dS)");
+    score_params_kernel<E><<<1, 1>>>(X, a.general, seg);
+    check_launch("semicrf_score_backward (parameters)");
+  });
+}
+
+void semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S) {
+  if (B <= 0 || C <= 0) return;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    cumulative_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(x), static_cast<E*>(S));
+  });
+  check_launch("semicrf_cumulative");
+}
+
+void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx) {
+  if (B <= 0 || C <= 0 || T <= 0) return;
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    cumulative_backward_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(dS),
+                                                                          static_cast<E*>(dx));
+  });
+  check_launch("semicrf_cumulative_backward");
+}
+
+}  // namespace ad::cuda_k
