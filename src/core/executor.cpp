@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <unordered_map>
 
 #include "core/graph_impl.hpp"
@@ -110,6 +111,7 @@ class Runner {
           break;
         case Step::Kind::compress:
         case Step::Kind::decompress: {
+          arrived(st.node);
           if (!nd.value.defined())
             throw Error(fmt::format("execute: (de)compress of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
@@ -276,6 +278,7 @@ class Runner {
       throw Error(fmt::format("execute: offload of {}#{} which holds no value (bad schedule)", op_def(nd.op).name, id));
     if (op_def(nd.op).view)
       throw Error(fmt::format("execute: offload of {}#{}, a view (bad schedule)", op_def(nd.op).name, id));
+    arrived(id);  // (a prefetched value offloaded again: the copy stream orders them anyway)
     double ts = trace_ ? trace_->now_us() : 0;
     HostCopy c;
     c.bytes = static_cast<std::int64_t>(nd.value.nbytes());
@@ -312,6 +315,7 @@ class Runner {
     if (trace_) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(t.nbytes()));
     HostCopy& c = it->second;
     if (c.pinned) {  // its readers wait for the copy (arrived())
+      arrived(id);
       arriving_[id] = cuda_rt::copy_to_device_async(t.device().index, t.raw(), c.pinned, static_cast<std::size_t>(c.bytes));
     } else {
       t.copy_from(c.host);
@@ -341,9 +345,19 @@ class Runner {
     away_.erase(it);
   }
   // End of the run: no copy left unwaited, no host copy kept.
+  // Every event is waited for and every host copy returned even if one wait
+  // fails (a sticky device error); the first error is rethrown.
   void settle() {
-    while (!arriving_.empty()) arrived(arriving_.begin()->first);
+    std::exception_ptr first;
+    while (!arriving_.empty()) {
+      try {
+        arrived(arriving_.begin()->first);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
     while (!away_.empty()) drop_host_copy(away_.begin()->first);
+    if (first) std::rethrow_exception(first);
   }
 
   void make_room(std::int32_t id, std::int64_t need) {

@@ -320,8 +320,13 @@ void* copy_async(int dev, void* dst, const void* src, std::size_t bytes, cudaMem
   AD_CUDA_CHECK(e);
   if (bytes > 0) AD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cs));
   bool to_host = kind == cudaMemcpyDeviceToHost;
-  mark_copy(dev, cs, to_host ? const_cast<void*>(src) : dst, to_host ? dst : const_cast<void*>(src));
-  return record_on(cs);
+  try {
+    mark_copy(dev, cs, to_host ? const_cast<void*>(src) : dst, to_host ? dst : const_cast<void*>(src));
+    return record_on(cs);
+  } catch (...) {  // the copy is queued but its blocks may not be marked busy: let it finish first
+    cudaStreamSynchronize(cs);
+    throw;
+  }
 }
 }  // namespace
 

@@ -624,7 +624,14 @@ template <class E> __global__ void param_grads_kernel(Ctx<E> X, bool general) {
 
 void run_pass(DType t, const SemicrfArgs& a, semicrf::Pass pass, int pid, const void* dlogz, void* out, void* ws,
               const char* what) {
-  if (a.B <= 0) return;
+  if (a.B <= 0) {  // no sequence: the parameter gradients (all of the output) are zero, as on the CPU
+    if (pass == semicrf::Pass::backward)
+      by_type(t, [&](auto z) {
+        const i64 n = (a.general ? a.K * a.C * a.C : a.C * a.C) + a.K * a.C + a.C;
+        check_call(cudaMemsetAsync(out, 0, static_cast<std::size_t>(n) * sizeof(decltype(z)), 0), what);
+      });
+    return;
+  }
   by_type(t, [&](auto z) {
     using E = decltype(z);
     Ctx<E> X = ctx_of<E>(t, a, pass, pid, dlogz, out, ws);
@@ -640,7 +647,6 @@ void run_pass(DType t, const SemicrfArgs& a, semicrf::Pass pass, int pid, const 
   });
 }
 }  // namespace
-
 
 void semicrf_logz(DType t, const SemicrfArgs& a, void* out, void* ws) {
   run_pass(t, a, semicrf::Pass::logz, kLogz, nullptr, out, ws, "semicrf_logz");
