@@ -410,6 +410,125 @@ TEST_CASE("cuda: semiseparable and tridiagonal errors on the GPU") {
   }
 }
 
+// semiseparable_solve (Woodbury, src/cuda/semiseparable.cu; compiled, not run
+// on a GPU when written): forward and the gradients of all six inputs on the
+// GPU against the CPU, f64 (<= 1e-10) and f32 (<= 1e-5) of the largest value,
+// predicted == measured peak on the device (the op reports its GPU workspace).
+// r = 1, 3, 8 and 20 (20 > the sweep's 16 register rows), B > 1, D > 1 and
+// D = 1, several chunks. T is strictly diagonally dominant (|d| >= 3 >
+// |lo| + |up|) and U, V small, so H and the capacitance matrix are well
+// conditioned and f32 rounding is not amplified.
+TEST_CASE("cuda: semiseparable_solve matches the CPU, forward and every gradient") {
+  if (skip_without_gpu()) return;
+  Rng rng(79);
+  struct M { std::int64_t B, N, D, r, chunk; };
+  const M ms[] = {{2, 3000, 16, 8, 0}, {3, 2049, 5, 20, 300}, {2, 1500, 3, 1, 256},
+                  {1, 700, 1, 3, 0},   {4, 257, 33, 20, 0},   {2, 1, 4, 1, 0}};
+  for (std::size_t k = 0; k < std::size(ms); ++k) {
+    const M& m = ms[k];
+    const std::int64_t chunk = m.chunk;
+    GradCase c{OpId::semiseparable_solve, fmt::format("x[{},{},{}] r {} chunk {}", m.B, m.N, m.D, m.r, chunk),
+               {randn64({m.B, m.N, m.D}, rng), uniform64({m.N}, rng, 3, 5), uniform64({m.N - 1}, rng, -1, 1),
+                uniform64({m.N - 1}, rng, -1, 1), randn64({m.N, m.r}, rng, 0, 0.1), randn64({m.N, m.r}, rng, 0, 0.1)},
+               [chunk](const std::vector<Var>& v) {
+                 Attrs at;
+                 at.start = chunk;
+                 return make_node(OpId::semiseparable_solve, {v[0], v[1], v[2], v[3], v[4], v[5]}, at);
+               }};
+    for (DType t : {DType::f64, DType::f32}) {
+      INFO(fmt::format("{} {}", c.label, dtype_name(t)));
+      Run cpu = run_case(c, Device::cpu(), t, 800 + k), gpu_run = run_case(c, Device::cuda(0), t, 800 + k);
+      REQUIRE(gpu_run.covered);
+      REQUIRE(gpu_run.grads.size() == 6);
+      REQUIRE(cpu.grads.size() == 6);
+      const double tol = t == DType::f64 ? 1e-10 : 1e-5;
+      CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
+      for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+        INFO("gradient of input " << i);
+        CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
+      }
+      CHECK(gpu_run.measured == gpu_run.predicted);
+    }
+  }
+}
+
+// A zero Thomas pivot and a singular capacitance matrix raise, on the GPU,
+// the very ad::Error the CPU raises (forward, and the backward op run
+// directly); bf16 U, V are refused at graph build on any device; the device
+// works afterwards.
+TEST_CASE("cuda: semiseparable_solve errors on the GPU are the CPU's") {
+  if (skip_without_gpu()) return;
+  auto ones = [](std::int64_t n) { return Tensor::full({n}, 1.0, DType::f64); };
+  auto zeros = [](std::int64_t n) { return Tensor::zeros({n}, DType::f64); };
+  Tensor eu = Tensor::zeros({5, 1}, DType::f64), ev = Tensor::zeros({5, 1}, DType::f64);
+  eu.data<double>()[0] = 1;
+  ev.data<double>()[0] = -1;
+  Tensor half = Tensor::full({5, 1}, 0.5, DType::f64), x = Tensor::full({2, 5, 3}, 1.0, DType::f64);
+  struct Bad {
+    const char* what;
+    std::vector<Tensor> in;  // x (or y), t_diag, t_upper, t_lower, u, v
+    const char* expect;
+  };
+  // T = tridiag(1, 1, 1): pivots 1, 0 -> row 1; T = I, U = e_0, V = -e_0: I + V^T T^-1 U = 0
+  const Bad bads[] = {{"zero pivot", {x, ones(5), ones(4), ones(4), half, half}, "at row 1"},
+                      {"singular capacitance", {x, ones(5), zeros(4), zeros(4), eu, ev}, "capacitance"}};
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  for (const Bad& b : bads) {
+    for (DType t : {DType::f64, DType::f32}) {
+      for (bool backward : {false, true}) {
+        INFO(b.what << " " << dtype_name(t) << (backward ? " backward" : " forward"));
+        std::string msg[2];
+        for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+          const Device dev = on_gpu ? Device::cuda(0) : Device::cpu();
+          msg[on_gpu] = message([&] {
+            Graph g;
+            std::vector<Var> v;
+            for (const Tensor& a : b.in) v.push_back(g.input(a.to(t).to(dev)));
+            if (!backward) {
+              eval(semiseparable_solve(v[0], v[1], v[2], v[3], v[4], v[5]));
+            } else {  // (t_diag, t_upper, t_lower, u, v, y, dy), y = dy = x
+              eval(make_node(OpId::semiseparable_solve_backward, {v[1], v[2], v[3], v[4], v[5], v[0], v[0]}));
+            }
+          });
+        }
+        CHECK(msg[0].find("semiseparable_solve: ") != std::string::npos);
+        CHECK(msg[0].find(b.expect) != std::string::npos);
+        CHECK(msg[1] == msg[0]);
+      }
+    }
+  }
+  Rng rng(80);
+  const Device dev = Device::cuda(0);
+  {  // bf16 U, V: the solve has no mixed-precision form on any device
+    Graph g;
+    CHECK_THROWS_WITH_AS(semiseparable_solve(g.input(Tensor::randn({1, 6, 2}, rng).to(dev)),
+                                             g.input(Tensor::randn({6}, rng).to(dev)),
+                                             g.input(Tensor::randn({5}, rng).to(dev)),
+                                             g.input(Tensor::randn({5}, rng).to(dev)),
+                                             g.input(Tensor::randn({6, 2}, rng).to(DType::bf16).to(dev)),
+                                             g.input(Tensor::randn({6, 2}, rng).to(DType::bf16).to(dev))),
+                         doctest::Contains("semiseparable_solve: dtype mismatch: u and v must have x's dtype"),
+                         Error);
+  }
+  {  // the device works afterwards: T = 2 I, U V^T = 0 -> y = x / 2
+    Graph g;
+    Tensor xb = Tensor::randn({1, 4, 2}, rng);
+    Tensor y = eval(semiseparable_solve(g.input(xb.to(dev)), g.input(Tensor::full({4}, 2.0).to(dev)),
+                                        g.input(Tensor::zeros({3}).to(dev)), g.input(Tensor::zeros({3}).to(dev)),
+                                        g.input(Tensor::zeros({4, 1}).to(dev)), g.input(Tensor::zeros({4, 1}).to(dev))))
+                   .to(Device::cpu());
+    auto yv = y.to_vector(), xv = xb.to_vector();
+    for (std::size_t i = 0; i < yv.size(); ++i) CHECK(yv[i] == xv[i] / 2);
+  }
+}
+
 // Semi-Markov CRF (src/cuda/semicrf.cu) against the CPU kernels, f64 and f32,
 // both paths, awkward sizes: C = 5 and 3 (not powers of two), K > T, windows
 // longer than a warp, several checkpoint intervals and ring laps, variable

@@ -158,6 +158,25 @@ struct MatvecGradPtrs {
 void semisep_matvec_backward(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d,
                              const void* up, const void* lo, const void* u, const void* v, const void* dy,
                              const MatvecGradPtrs& g, void* sx, void* sg);
+// y[b] = H^-1 x[b] (trans: H^-T) by Woodbury, H = T + U V^T:
+// y = T^-1 x - Z C^-1 V^T T^-1 x, Z = T^-1 U, C = I + V^T Z (r x r, LU in
+// double by one GPU thread). ws: semisep::woodbury_gpu_ws (ops/semiseparable_cpu.hpp).
+// Waits for the device (twice: the pivots, then C) and reports a failure for
+// the caller to throw; y is then incomplete.
+struct SolveStatus {
+  std::int64_t bad_row = -1;  // first zero or non-finite Thomas pivot, or -1
+  double bad_pivot = 0;       // its value
+  bool singular = false;      // C is singular
+};
+SolveStatus semisep_solve(DType t, const SemisepDims& dm, const void* x, const void* d, const void* up,
+                          const void* lo, const void* u, const void* v, void* y, bool trans, void* ws);
+// Its gradients for y = H^-1 x and dy, all formed (every pointer of g set;
+// g.dx receives lam = H^-T dy = dL/dx): dT = -lam y^T on the band,
+// du = -sum_b lam_b (V^T y_b)^T, dv = -sum_b y_b (U^T lam_b)^T.
+// ws: woodbury_gpu_ws(..., backward = true).
+SolveStatus semisep_solve_backward(DType t, const SemisepDims& dm, const void* d, const void* up, const void* lo,
+                                   const void* u, const void* v, const void* y, const void* dy,
+                                   const MatvecGradPtrs& g, void* ws);
 // Thomas elimination coefficients (cp, den: N elements each) of T with
 // diagonal d, super-diagonal up, sub-diagonal lo. Returns -1, or the first row
 // with a zero or non-finite pivot (its value in *bad_pivot). Waits for the

@@ -13,13 +13,19 @@
 //   output: O(b,i)[e] += sum_k Bv(b,i)[k] * M[k][e]
 // With sum_b, the thread walks every batch in order and O has no batch stride
 // (the parameter gradients du, dv: sums over b without atomics).
+//
+// The Woodbury solve (semiseparable_solve, compiled, not run on a GPU) composes
+// the Thomas launchers, cuBLAS, the sweep and a one-thread LU of the r x r
+// capacitance matrix with the CPU's own code (semisep::lu_factor / lu_solve).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/device.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/util.cuh"
+#include "ops/semiseparable_cpu.hpp"
 #include "ops/semiseparable_math.hpp"
 
 namespace ad::cuda_k {
@@ -350,6 +356,118 @@ template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const T* u
   }
 }
 
+// ---- semiseparable_solve (Woodbury) ----
+// C = I + S (S = V^T Z, r x r) in double, then its LU with partial pivoting:
+// semisep::lu_factor, the very code the CPU runs. One thread: r is small (tens)
+// and O(r^3) is nothing next to the O(N r^2) products around it.
+// *flag = 1 when C is singular, else 0.
+template <class T> __global__ void capacitance_kernel(i64 r, const T* S, double* C, i64* piv, i64* flag) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  for (i64 k = 0; k < r; ++k)
+    for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
+  *flag = semisep::lu_factor(C, r, piv) ? 0 : 1;
+}
+// One thread per (b, column c) of W_b (r x D at W + b r D): W_b[:, c] = -C^-1 W_b[:, c]
+// (semisep::lu_solve in double through r doubles of tmp per thread).
+template <class T>
+__global__ void capacitance_solve_kernel(i64 B, i64 D, i64 r, const double* C, const i64* piv, T* W, double* tmp) {
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < B * D;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 b = t / D, c = t % D;
+    semisep::lu_solve(C, r, piv, W + b * r * D + c, D, tmp + t * r, -1.0);
+  }
+}
+// One thread per (i, k): du[i,k] = -sum_b lam_b[i] . A_b[k], dv[i,k] = -sum_b y_b[i] . G_b[k]
+// (rows of D elements; A_b, G_b r x D at b r D), subtracted per b in order as on the CPU.
+template <class T>
+__global__ void woodbury_uv_grads_kernel(i64 B, i64 N, i64 D, i64 r, const T* lam, const T* y, const T* A,
+                                         const T* G, T* du, T* dv) {
+  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < N * r;
+       t += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 i = t / r, k = t % r;
+    T su = T(0), sv = T(0);
+    for (i64 b = 0; b < B; ++b) {
+      const T *li = lam + (b * N + i) * D, *yi = y + (b * N + i) * D;
+      const T *a = A + (b * r + k) * D, *g = G + (b * r + k) * D;
+      T pu = T(0), pv = T(0);
+      for (i64 e = 0; e < D; ++e) {
+        pu += li[e] * a[e];
+        pv += yi[e] * g[e];
+      }
+      su -= pu;
+      sv -= pv;
+    }
+    du[t] = su;
+    dv[t] = sv;
+  }
+}
+
+// y = H^-1 x (trans: H^-T, i.e. T^T and U, V swapped), the CPU's steps:
+// factor T (stop on a bad pivot), y = T^-1 x, Z = T^-1 U, C = I + V^T Z
+// (stop if singular), W_b = V^T y_b, W_b <- -C^-1 W_b, y_b += Z W_b.
+template <class T>
+SolveStatus solve_t(DType dt, const SemisepDims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                    const T* v, T* y, bool trans, const semisep::WoodburyGpuWs& w) {
+  if (trans) {
+    std::swap(up, lo);
+    std::swap(u, v);
+  }
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, L = dm.L, nc = (N + L - 1) / L, rD = r * D;
+  SolveStatus st;
+  st.bad_row = tridiag_factor(dt, N, d, up, lo, w.cp, w.den, &st.bad_pivot);
+  if (st.bad_row >= 0) return st;
+  tridiag_apply(dt, N, B, D, lo, w.cp, w.den, x, y);  // y = T^-1 x
+  if (r == 0) return st;
+  T* Z = reinterpret_cast<T*>(w.Z);
+  T* S = reinterpret_cast<T*>(w.S);
+  tridiag_apply(dt, N, 1, r, lo, w.cp, w.den, u, Z);  // Z = T^-1 U (N x r)
+  gemm(dt, true, false, 1, r, r, N, v, 0, Z, 0, S, 0);  // V^T Z (r x r)
+  capacitance_kernel<<<1, 1>>>(r, S, w.C, w.piv, w.flag);
+  check_launch("semiseparable_solve (capacitance LU)");
+  i64 singular = 0;
+  // the default stream orders this copy after the kernel; it returns when done
+  check_call(cudaMemcpy(&singular, w.flag, sizeof singular, cudaMemcpyDeviceToHost), "cudaMemcpy (capacitance check)");
+  if (singular) {
+    st.singular = true;
+    return st;
+  }
+  if (B * D == 0) return st;
+  gemm(dt, true, false, B, r, D, N, v, 0, y, N * D, S, rD);  // W_b = V^T y_b (r x D per b)
+  capacitance_solve_kernel<<<grid_for(B * D, kThreads), kThreads>>>(B, D, r, w.C, w.piv, S, w.tmp);
+  check_launch("semiseparable_solve (capacitance solves)");
+  // y_b[i] += sum_k Z[i][k] S_b[k]: the state S_b (r x D), the same for every chunk
+  const T* no = nullptr;
+  sweep(Mode::mix,
+        SweepArgs<T>{B, N, L, nc, r, D, S, rD, 0, D, 1, {no, 0, 0}, {no, 0, 0}, {Z, 0, r}, y, N * D, D, false, false},
+        "semiseparable_solve (y -= Z C^-1 V^T y)");
+  return st;
+}
+
+// lam = H^-T dy into g.dx, then the band's gradients (tridiag_band_grads: the
+// same -lam y^T sums as tridiag_solve_backward) and du, dv through A_b = V^T y_b
+// and G_b = U^T lam_b.
+template <class T>
+SolveStatus solve_backward_t(DType dt, const SemisepDims& dm, const T* d, const T* up, const T* lo, const T* u,
+                             const T* v, const T* y, const T* dy, const MatvecGradPtrs& gp,
+                             const semisep::WoodburyGpuWs& w) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, rD = r * D;
+  T* lam = static_cast<T*>(gp.dx);
+  SolveStatus st = solve_t<T>(dt, dm, dy, d, up, lo, u, v, lam, true, w);
+  if (st.bad_row >= 0 || st.singular) return st;
+  tridiag_band_grads(dt, N, B, D, lam, y, gp.dd, gp.dup, gp.dlo);
+  if (r == 0) return st;
+  T* A = reinterpret_cast<T*>(w.A);
+  T* G = reinterpret_cast<T*>(w.G);
+  if (B * D > 0) {
+    gemm(dt, true, false, B, r, D, N, v, 0, y, N * D, A, rD);    // A_b = V^T y_b
+    gemm(dt, true, false, B, r, D, N, u, 0, lam, N * D, G, rD);  // G_b = U^T lam_b
+  }
+  woodbury_uv_grads_kernel<<<grid_for(N * r, kThreads), kThreads>>>(B, N, D, r, lam, y, A, G, static_cast<T*>(gp.du),
+                                                                    static_cast<T*>(gp.dv));
+  check_launch("semiseparable_solve_backward (du, dv)");
+  return st;
+}
+
 // f(T{}) for f32 / f64
 template <class F> void by_type(DType t, F f) {
   if (t == DType::f32) f(float{});
@@ -466,6 +584,32 @@ void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void
                                                               static_cast<T*>(dup), static_cast<T*>(dlo));
     check_launch("tridiag_resolvent_diag_backward (sums over shifts)");
   });
+}
+
+SolveStatus semisep_solve(DType t, const SemisepDims& dm, const void* x, const void* d, const void* up,
+                          const void* lo, const void* u, const void* v, void* y, bool trans, void* ws) {
+  SolveStatus st;
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    st = solve_t<T>(t, dm, static_cast<const T*>(x), static_cast<const T*>(d), static_cast<const T*>(up),
+                    static_cast<const T*>(lo), static_cast<const T*>(u), static_cast<const T*>(v), static_cast<T*>(y),
+                    trans, semisep::woodbury_gpu_ws(dm.B, dm.N, dm.D, dm.r, sizeof(T), false, ws));
+  });
+  return st;
+}
+
+SolveStatus semisep_solve_backward(DType t, const SemisepDims& dm, const void* d, const void* up, const void* lo,
+                                   const void* u, const void* v, const void* y, const void* dy,
+                                   const MatvecGradPtrs& g, void* ws) {
+  SolveStatus st;
+  by_type(t, [&](auto z) {
+    using T = decltype(z);
+    st = solve_backward_t<T>(t, dm, static_cast<const T*>(d), static_cast<const T*>(up), static_cast<const T*>(lo),
+                             static_cast<const T*>(u), static_cast<const T*>(v), static_cast<const T*>(y),
+                             static_cast<const T*>(dy), g,
+                             semisep::woodbury_gpu_ws(dm.B, dm.N, dm.D, dm.r, sizeof(T), true, ws));
+  });
+  return st;
 }
 
 }  // namespace ad::cuda_k

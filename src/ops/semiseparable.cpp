@@ -2,7 +2,7 @@
 // graph ops: the matvec (optionally causal) and the Woodbury solve. Each
 // backward is one node that forms the gradients of all wanted inputs in one
 // pass into one buffer; the backward rule hands them out with ad::part.
-// Kernels: src/ops/semiseparable_cpu.cpp.
+// Kernels: src/ops/semiseparable_cpu.cpp; CUDA: src/cuda/semiseparable.cu.
 #include "ad/semiseparable.hpp"
 
 #include <array>
@@ -212,13 +212,31 @@ void semiseparable_solve_cpu(const KernelArgs& k) {
                                k[3].data<T>(), k[4].data<T>(), k[5].data<T>(), k.out.data<T>(), false, k.workspace);
   });
 }
+// On a GPU (src/cuda/semiseparable.cu): the same steps through the Thomas
+// launchers, cuBLAS and a one-thread LU of the capacitance matrix; its own
+// workspace (semisep::woodbury_gpu_ws). Failures raise the CPU's errors.
+AD_CUDA_ONLY(void throw_solve_status(const char* op, const cuda_k::SolveStatus& st, const cuda_k::SemisepDims& dm) {
+  if (st.bad_row >= 0) semisep::fail_pivot(op, st.bad_pivot, st.bad_row, dm.N);
+  if (st.singular) semisep::fail_capacitance(op, dm.r);
+})
+AD_CUDA_ONLY(void semiseparable_solve_cuda(const KernelArgs& k) {
+  cuda_k::SemisepDims dm = gpu_dims("semiseparable_solve", k);
+  throw_solve_status("semiseparable_solve",
+                     cuda_k::semisep_solve(k[0].dtype(), dm, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(),
+                                           k[4].raw(), k[5].raw(), k.out.raw(), false, k.workspace),
+                     dm);
+})
 double semiseparable_solve_flops(const InferArgs& a, const Meta& out) {
   double r = static_cast<double>(a[4].shape[1]), N = static_cast<double>(a[0].shape[1]);
   return static_cast<double>(out.shape.numel()) * (4 * r + 8) + N * r * (2 * r + 8);
 }
 std::int64_t semiseparable_solve_ws(const InferArgs& a, const Meta&) {
+  const Shape& x = a[0].shape;
+  if (a[0].device.kind == DeviceKind::cuda)
+    return static_cast<std::int64_t>(
+        semisep::woodbury_gpu_ws(x[0], x[1], x[2], a[4].shape[1], dtype_size(a[0].dtype), false).bytes);
   return static_cast<std::int64_t>(
-      semisep::woodbury_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
+      semisep::woodbury_ws_bytes(dims_of(x, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
 }
 void semiseparable_solve_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::semiseparable_solve_backward,
@@ -230,7 +248,8 @@ void semiseparable_solve_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_semiseparable_solve{
     .name = "semiseparable_solve", .args = "x,t_diag,t_upper,t_lower,u,v", .arity = 6,
-    .infer = infer_semiseparable_solve, .cpu = semiseparable_solve_cpu, .backward = semiseparable_solve_bwd,
+    .infer = infer_semiseparable_solve, .cpu = semiseparable_solve_cpu, .cuda = AD_CUDA_FN(semiseparable_solve_cuda),
+    .backward = semiseparable_solve_bwd,
     .saves = kSavesOutput | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5),
     .flops = semiseparable_solve_flops, .workspace = semiseparable_solve_ws};
 Var semiseparable_solve(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
@@ -260,14 +279,33 @@ void semiseparable_solve_backward_cpu(const KernelArgs& k) {
                                         o + off[1], o + off[2], o + off[3], o + off[4], o + off[5], k.workspace);
   });
 }
+// The same buffer layout as the CPU; lam = H^-T dy goes straight into its dx part.
+AD_CUDA_ONLY(void semiseparable_solve_backward_cuda(const KernelArgs& k) {
+  const Shape& ys = k[5].shape();
+  semisep::Dims sd = dims_of(ys, k[3].shape()[1], k.attrs);
+  cuda_k::SemisepDims dm{sd.B, sd.N, sd.D, sd.r, sd.L};
+  auto off = grad_offsets(0x3f, grad_sizes(dm.B, dm.N, dm.D, dm.r));
+  const auto es = static_cast<i64>(dtype_size(k[5].dtype()));
+  char* base = static_cast<char*>(k.out.raw());
+  auto at = [&](std::size_t i) -> void* { return base + off[i] * es; };
+  cuda_k::MatvecGradPtrs g{at(0), at(1), at(2), at(3), at(4), at(5)};
+  throw_solve_status("semiseparable_solve",
+                     cuda_k::semisep_solve_backward(k[5].dtype(), dm, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(),
+                                                    k[4].raw(), k[5].raw(), k[6].raw(), g, k.workspace),
+                     dm);
+})
 std::int64_t semiseparable_solve_backward_ws(const InferArgs& a, const Meta&) {
+  const Shape& y = a[5].shape;
+  if (a[5].device.kind == DeviceKind::cuda)
+    return static_cast<std::int64_t>(
+        semisep::woodbury_gpu_ws(y[0], y[1], y[2], a[3].shape[1], dtype_size(a[5].dtype), true).bytes);
   return static_cast<std::int64_t>(
-      semisep::woodbury_backward_ws_bytes(dims_of(a[5].shape, a[3].shape[1], a.attrs), dtype_size(a[5].dtype)));
+      semisep::woodbury_backward_ws_bytes(dims_of(y, a[3].shape[1], a.attrs), dtype_size(a[5].dtype)));
 }
 const OpDef op_def_semiseparable_solve_backward{
     .name = "semiseparable_solve_backward", .args = "t_diag,t_upper,t_lower,u,v,y,dy", .arity = 7,
     .infer = infer_semiseparable_solve_backward, .cpu = semiseparable_solve_backward_cpu,
-    .no_grad = "double backward is not supported",
+    .cuda = AD_CUDA_FN(semiseparable_solve_backward_cuda), .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) {
       double r = static_cast<double>(a[3].shape[1]), N = static_cast<double>(a[5].shape[1]);
       return static_cast<double>(a[5].shape.numel()) * (8 * r + 14) + N * r * (2 * r + 8);

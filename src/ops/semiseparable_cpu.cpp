@@ -477,38 +477,15 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
 
 // ---- semiseparable_solve (Woodbury) ----
 namespace {
-// LU with partial pivoting of the r x r matrix a (row-major, double), in place.
-bool lu_factor(double* a, i64 r, i64* piv) {
-  for (i64 k = 0; k < r; ++k) {
-    i64 p = k;
-    for (i64 i = k + 1; i < r; ++i)
-      if (std::fabs(a[i * r + k]) > std::fabs(a[p * r + k])) p = i;
-    piv[k] = p;
-    if (!(a[p * r + k] != 0.0) || !std::isfinite(a[p * r + k])) return false;
-    if (p != k)
-      for (i64 j = 0; j < r; ++j) std::swap(a[k * r + j], a[p * r + j]);
-    for (i64 i = k + 1; i < r; ++i) {
-      double f = a[i * r + k] / a[k * r + k];
-      a[i * r + k] = f;
-      for (i64 j = k + 1; j < r; ++j) a[i * r + j] -= f * a[k * r + j];
-    }
-  }
-  return true;
-}
-// Solves (LU) s = w for one right-hand side w (length r, stride `st`), in place.
-template <class T> void lu_solve(const double* a, i64 r, const i64* piv, T* w, i64 st, double* tmp) {
-  for (i64 k = 0; k < r; ++k) tmp[k] = static_cast<double>(w[k * st]);
-  for (i64 k = 0; k < r; ++k) std::swap(tmp[k], tmp[piv[k]]);
-  for (i64 i = 0; i < r; ++i)
-    for (i64 j = 0; j < i; ++j) tmp[i] -= a[i * r + j] * tmp[j];
-  for (i64 i = r - 1; i >= 0; --i) {
-    for (i64 j = i + 1; j < r; ++j) tmp[i] -= a[i * r + j] * tmp[j];
-    tmp[i] /= a[i * r + i];
-  }
-  for (i64 k = 0; k < r; ++k) w[k * st] = static_cast<T>(tmp[k]);
-}
+// lu_factor, lu_solve: semiseparable_math.hpp (shared with the CUDA path).
 Dims capacitance_dims(const Dims& dm) { return Dims{1, dm.N, dm.r, dm.r, dm.L}; }
 }  // namespace
+
+void fail_capacitance(const char* op, i64 r) {
+  kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular: T + U V^T is not "
+                              "invertible",
+                              r));
+}
 
 std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem) {
   Carve c;
@@ -542,10 +519,7 @@ void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, cons
   combine(dc, r * r, S, Scan::total);
   for (i64 k = 0; k < r; ++k)
     for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
-  if (!lu_factor(C, r, piv))
-    kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular: T + U V^T is not "
-                                "invertible",
-                                r));
+  if (!lu_factor(C, r, piv)) fail_capacitance(op, r);
   if (D == 0 || B == 0) return;
   chunk_sums(dm, y, v, S);  // W_b = V^T y_b
   combine(dm, rD, S, Scan::total);

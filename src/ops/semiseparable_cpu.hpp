@@ -52,6 +52,12 @@ template <class T, class UV>
 void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
                      const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws);
 
+// The errors of a failed solve, shared by the CPU and CUDA paths (ad::Error
+// naming `op`): a zero or non-finite Thomas pivot at `row`, and a singular
+// Woodbury capacitance matrix of rank r.
+[[noreturn]] void fail_pivot(const char* op, double pivot, std::int64_t row, std::int64_t N);
+[[noreturn]] void fail_capacitance(const char* op, std::int64_t r);
+
 // ---- tridiag_solve ----  y = T^-1 b (trans: T^-T b) for b viewed as
 // (outer, N, inner): every (outer, column) is one system. Thomas algorithm
 // without pivoting; a zero (or non-finite) pivot throws ad::Error naming
@@ -100,5 +106,44 @@ template <class T>
 void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T* up, const T* lo, const T* u,
                              const T* v, const T* y, const T* g, T* lam, T* dd, T* dup, T* dlo, T* du, T* dv,
                              void* ws);
+
+// ---- semiseparable_solve on a GPU (src/cuda/semiseparable.cu) ----
+// Its workspace, carved in this order (64-byte aligned regions; elem = the
+// dtype's size): cp, den (N elems each: the Thomas coefficients), Z = T^-1 U
+// (N r elems), S (max(B r D, r r) elems: V^T Z, then W_b = V^T y_b per b at
+// b r D, then -C^-1 W_b in place), C (r r doubles: the LU factors of
+// C = I + V^T Z), piv (r i64), flag (1 i64: 1 = C singular), tmp (B D r
+// doubles: one r-vector per column for the LU solves). The backward adds
+// A_b = V^T y_b and G_b = U^T lam_b (B r D elems each). With base nullptr
+// every pointer is nullptr and only `bytes` is meaningful (the planner's size).
+struct WoodburyGpuWs {
+  char *cp = nullptr, *den = nullptr, *Z = nullptr, *S = nullptr;
+  double* C = nullptr;
+  std::int64_t *piv = nullptr, *flag = nullptr;
+  double* tmp = nullptr;
+  char *A = nullptr, *G = nullptr;
+  std::size_t bytes = 0;
+};
+inline WoodburyGpuWs woodbury_gpu_ws(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r,
+                                     std::size_t elem, bool backward, void* base = nullptr) {
+  Carve c{static_cast<char*>(base)};
+  const auto e = static_cast<std::int64_t>(elem);
+  const std::int64_t rD = B * r * D;
+  WoodburyGpuWs w;
+  w.cp = c.take<char>(N * e);
+  w.den = c.take<char>(N * e);
+  w.Z = c.take<char>(N * r * e);
+  w.S = c.take<char>((rD > r * r ? rD : r * r) * e);
+  w.C = c.take<double>(r * r);
+  w.piv = c.take<std::int64_t>(r);
+  w.flag = c.take<std::int64_t>(1);
+  w.tmp = c.take<double>(rD);
+  if (backward) {
+    w.A = c.take<char>(rD * e);
+    w.G = c.take<char>(rD * e);
+  }
+  w.bytes = c.bytes;
+  return w;
+}
 
 }  // namespace ad::semisep

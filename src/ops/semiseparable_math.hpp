@@ -1,10 +1,11 @@
 #pragma once
 // Per-element math of the semiseparable and tridiagonal ops, shared by the
-// CPU kernels and (later) the CUDA kernels (AD_HD).
+// CPU kernels and the CUDA kernels (AD_HD).
 //
 // Conventions: T is N x N tridiagonal with diagonal d[0..N), superdiagonal
 // up[i] = T[i][i+1] and subdiagonal lo[i] = T[i+1][i] (i in [0, N-1)).
 // H = T + U V^T with U, V of shape (N, r), row-major.
+#include <cmath>
 #include <cstdint>
 
 #include "ad/dtype.hpp"
@@ -124,6 +125,62 @@ AD_HD void resolvent_div_complex(double e, double c, double d, double& re, doubl
     re = e * t / den;
     im = -e / den;
   }
+}
+
+// ---- the Woodbury capacitance system (semiseparable_solve) ----
+// LU with partial pivoting of the r x r matrix a (row-major, double), in
+// place: the first largest |a[i][k]| of rows i >= k is the pivot, piv[k] its
+// row. False on a zero or non-finite pivot (a singular matrix); a is then
+// partly eliminated. Run by one CPU thread, and by one GPU thread.
+AD_HD bool lu_finite(double v) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(v);
+#else
+  return std::isfinite(v);
+#endif
+}
+AD_HD bool lu_factor(double* a, std::int64_t r, std::int64_t* piv) {
+  for (std::int64_t k = 0; k < r; ++k) {
+    std::int64_t p = k;
+    for (std::int64_t i = k + 1; i < r; ++i) {
+      const double c = a[i * r + k], m = a[p * r + k];
+      if ((c < 0 ? -c : c) > (m < 0 ? -m : m)) p = i;
+    }
+    piv[k] = p;
+    if (!(a[p * r + k] != 0.0) || !lu_finite(a[p * r + k])) return false;
+    if (p != k)
+      for (std::int64_t j = 0; j < r; ++j) {
+        const double t = a[k * r + j];
+        a[k * r + j] = a[p * r + j];
+        a[p * r + j] = t;
+      }
+    for (std::int64_t i = k + 1; i < r; ++i) {
+      const double f = a[i * r + k] / a[k * r + k];
+      a[i * r + k] = f;
+      for (std::int64_t j = k + 1; j < r; ++j) a[i * r + j] -= f * a[k * r + j];
+    }
+  }
+  return true;
+}
+// Solves (LU) s = w for one right-hand side w (length r, stride st) in place,
+// in double through tmp (r doubles); scale multiplies the result as it is
+// stored (1, or -1 where the caller wants -s).
+template <class T>
+AD_HD void lu_solve(const double* a, std::int64_t r, const std::int64_t* piv, T* w, std::int64_t st, double* tmp,
+                    double scale = 1.0) {
+  for (std::int64_t k = 0; k < r; ++k) tmp[k] = static_cast<double>(w[k * st]);
+  for (std::int64_t k = 0; k < r; ++k) {
+    const double t = tmp[k];
+    tmp[k] = tmp[piv[k]];
+    tmp[piv[k]] = t;
+  }
+  for (std::int64_t i = 0; i < r; ++i)
+    for (std::int64_t j = 0; j < i; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+  for (std::int64_t i = r - 1; i >= 0; --i) {
+    for (std::int64_t j = i + 1; j < r; ++j) tmp[i] -= a[i * r + j] * tmp[j];
+    tmp[i] /= a[i * r + i];
+  }
+  for (std::int64_t k = 0; k < r; ++k) w[k * st] = static_cast<T>(scale * tmp[k]);
 }
 
 }  // namespace ad::semisep

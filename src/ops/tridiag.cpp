@@ -47,10 +47,7 @@ AD_CUDA_ONLY(void tridiag_solve_gpu(const char* op, DType t, i64 N, Split s, con
   char* cp = cv.take<char>(bytes);
   char* den = cv.take<char>(bytes);
   double p = 0;
-  if (i64 row = cuda_k::tridiag_factor(t, N, d, up, lo, cp, den, &p); row >= 0)
-    kernel_fail(op, fmt::format("zero or non-finite pivot {} at row {} of the tridiagonal system (N = {}): the "
-                                "matrix is singular or needs pivoting",
-                                p, row, N));
+  if (i64 row = cuda_k::tridiag_factor(t, N, d, up, lo, cp, den, &p); row >= 0) semisep::fail_pivot(op, p, row, N);
   cuda_k::tridiag_apply(t, N, s.outer, s.inner, lo, cp, den, b, y);
 })
 }  // namespace

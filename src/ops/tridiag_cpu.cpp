@@ -19,6 +19,12 @@ constexpr i64 kRowBlock = 1024; // rows per task of a band-gradient reduction
 }  // namespace
 
 // ---- tridiag_solve ----
+void fail_pivot(const char* op, double pivot, i64 row, i64 N) {
+  kernel_fail(op, fmt::format("zero or non-finite pivot {} at row {} of the tridiagonal system (N = {}): the "
+                              "matrix is singular or needs pivoting",
+                              pivot, row, N));
+}
+
 std::size_t tridiag_ws_bytes(i64 N, std::size_t elem) {
   Carve c;
   c.take<char>(N * static_cast<i64>(elem));
@@ -37,10 +43,7 @@ void tridiag_solve(const char* op, i64 N, i64 outer, i64 inner, const T* d, cons
   T c_prev = T(0);
   for (i64 i = 0; i < N; ++i) {
     T p = thomas_pivot(d[i], i ? lo[i - 1] : T(0), c_prev);
-    if (!(p != T(0)) || !std::isfinite(p))
-      kernel_fail(op, fmt::format("zero or non-finite pivot {} at row {} of the tridiagonal system (N = {}): the "
-                                  "matrix is singular or needs pivoting",
-                                  static_cast<double>(p), i, N));
+    if (!(p != T(0)) || !std::isfinite(p)) fail_pivot(op, static_cast<double>(p), i, N);
     den[i] = p;
     c_prev = i + 1 < N ? up[i] / p : T(0);
     cp[i] = c_prev;
