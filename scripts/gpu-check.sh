@@ -10,7 +10,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || echo "gpu: nvidia-smi not found"
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DAD_CUDA=ON -DAD_BUILD_EXAMPLES=OFF -DAD_MPI=OFF >/dev/null || exit 1
-cmake --build "$dir" -j"$(nproc)" --target ad_tests 2>&1 | tail -3
+cmake --build "$dir" -j"$(nproc)" --target ad_tests bench_attention bench_semiseparable 2>&1 | tail -3
 ctest --test-dir "$dir" -R "cuda" --output-on-failure 2>&1 | tee "$log"
 for b in "$dir"/bench/bench_attention "$dir"/bench/bench_semicrf "$dir"/bench/bench_semiseparable; do
   [ -x "$b" ] && "$b" --gpu 2>&1 | tee -a "$log"
