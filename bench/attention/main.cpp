@@ -10,8 +10,12 @@
 //      a fraction of cblas_sgemm throughput (2048^3) measured in the same run,
 //      right before each row.
 //
+//   3. --gpu (only this part): the CUDA kernels' TFLOP/s at N = 4096, d in
+//      {64, 128}, causal and not, f32 and bf16, same FLOP counts, next to
+//      cuBLAS's f32 GEMM rate (4096^3) measured in the same run.
+//
 //   bench_attention [--json] [--quick] [--threads T] [--run-max N] [--n-max N] [--cap-mib M]
-//                   [--only memory|speed] [--n N] [--no-composed]
+//                   [--only memory|speed] [--n N] [--no-composed] [--gpu]
 #include <cblas.h>
 
 #include <ad/ad.hpp>
@@ -21,10 +25,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if AD_BENCH_CUDA
+#include "cuda/launch.hpp"
+#include "ops/attention_cpu.hpp"
+#endif
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -44,6 +54,7 @@ struct Options {
   std::string only;      // "", "memory", "speed"
   std::int64_t n = 0;    // speed: this N only (0: 1024, 2048, 4096)
   bool composed = true;  // speed: also time the composed version (N <= 2048)
+  bool gpu = false;      // --gpu: only the CUDA kernels' throughput
   bool run(const char* part) const { return only.empty() || only == part; }
 };
 
@@ -184,6 +195,78 @@ SpeedRow speed_row(std::int64_t n, bool causal, bool composed, int samples) {
   return r;
 }
 
+// ---- --gpu ----
+// Calls the launchers (cuda_k::attention_forward / _backward, no graph) on
+// device 0; each time is the minimum over `reps` calls after a warm-up, timed
+// on the host around ad::cuda::synchronize(). B H = 32 heads (B = 4, H = 8):
+// 32 x 64 query tiles, enough blocks to fill an H100/H200.
+int gpu_bench(int reps) {
+#if AD_BENCH_CUDA
+  if (!ad::cuda::available()) {
+    std::printf("bench_attention --gpu: no GPU on this machine (ad::cuda::available() is false); nothing measured\n");
+    return 0;
+  }
+  using i64 = std::int64_t;
+  const ad::Device dev = ad::Device::cuda(0);
+  ad::Rng rng(3);
+  auto gpu_time = [&](const std::function<void()>& f) {
+    f();  // warm-up
+    ad::cuda::synchronize(0);
+    double best = INFINITY;
+    for (int k = 0; k < std::max(1, reps); ++k) {
+      auto t0 = Clock::now();
+      f();
+      ad::cuda::synchronize(0);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return best;
+  };
+  const i64 G = 4096;
+  ad::Tensor ga = ad::Tensor::randn({G, G}, rng).to(dev), gb = ad::Tensor::randn({G, G}, rng).to(dev),
+             gc = ad::Tensor::zeros({G, G}).to(dev);
+  const double t_gemm = gpu_time([&] {
+    ad::cuda_k::gemm(ad::DType::f32, false, false, 1, G, G, G, ga.raw(), 0, gb.raw(), 0, gc.raw(), 0);
+  });
+  const double gemm_tflops = 2.0 * double(G) * double(G) * double(G) / t_gemm / 1e12;
+  std::printf("## GPU attention (B=4, H=8, N=4096), kernels called directly\n\n");
+  std::printf("cuBLAS f32 GEMM 4096^3: %.1f TFLOP/s (the f32 reference)\n\n", gemm_tflops);
+  std::printf("| dtype | d | causal | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd / f32 GEMM | bwd / f32 GEMM |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  const i64 B = 4, H = 8, N = 4096;
+  for (ad::DType t : {ad::DType::f32, ad::DType::bf16})
+    for (i64 d : {i64{64}, i64{128}})
+      for (bool causal : {false, true}) {
+        ad::attn::Dims dm;
+        dm.B = B; dm.H = H; dm.Hkv = H; dm.Nq = N; dm.Nk = N; dm.d = d; dm.causal = causal;
+        dm.scale = 1.0 / std::sqrt(double(d));
+        const i64 n = B * H * N * d, rows = B * H * N;
+        auto in = [&] { return ad::Tensor::randn({n}, rng).to(t).to(dev); };
+        ad::Tensor q = in(), k = in(), v = in(), dout = in(), o = in(), dq = in(), dk = in(), dv = in();
+        ad::Tensor lse = ad::Tensor::zeros({rows}).to(dev), dlse = ad::Tensor::zeros({rows}).to(dev),
+                   ws = ad::Tensor::zeros({rows}).to(dev);  // f32: the accumulate type of f32 and bf16
+        const double t_f = gpu_time([&] {
+          ad::cuda_k::attention_forward(t, dm, q.raw(), k.raw(), v.raw(), nullptr, o.raw(), lse.raw());
+        });
+        const double t_b = gpu_time([&] {
+          ad::cuda_k::attention_backward(t, dm, q.raw(), k.raw(), v.raw(), o.raw(), lse.raw(), dout.raw(), dlse.raw(),
+                                         nullptr, dq.raw(), dk.raw(), dv.raw(), ws.raw());
+        });
+        const double ff = 4.0 * double(B * H) * double(N) * double(N) * double(d) * (causal ? 0.5 : 1.0);
+        const double fb = 2.5 * ff;
+        std::printf("| %s | %lld | %s | %.2f | %.2f | %.1f | %.1f | %.0f %% | %.0f %% |\n", ad::dtype_name(t),
+                    static_cast<long long>(d), causal ? "yes" : "no", t_f * 1e3, t_b * 1e3, ff / t_f / 1e12,
+                    fb / t_b / 1e12, 100.0 * ff / t_f / 1e12 / gemm_tflops, 100.0 * fb / t_b / 1e12 / gemm_tflops);
+      }
+  std::printf("\nFLOPs: 4 B H N^2 d forward (half for causal), 2.5x that backward (the backward kernels do more: "
+              "S and dP are recomputed in both of them).\n");
+  return 0;
+#else
+  (void)reps;
+  std::printf("bench_attention --gpu: this build has no CUDA backend (configure with -DAD_CUDA=ON); nothing measured\n");
+  return 0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -199,14 +282,16 @@ int main(int argc, char** argv) {
     else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
     else if (a == "--n" && i + 1 < argc) o.n = std::atoll(argv[++i]);
     else if (a == "--no-composed") o.composed = false;
+    else if (a == "--gpu") o.gpu = true;
     else {
       std::fprintf(stderr,
                    "usage: %s [--json] [--quick] [--threads T] [--run-max N] [--n-max N] [--cap-mib M]\n"
-                   "       [--only memory|speed] [--n N] [--no-composed]\n", argv[0]);
+                   "       [--only memory|speed] [--n N] [--no-composed] [--gpu]\n", argv[0]);
       return 2;
     }
   }
   try {
+    if (o.gpu) return gpu_bench(o.quick ? 3 : 10);
     unsigned hw = std::thread::hardware_concurrency();
     const int threads = o.threads > 0 ? o.threads : static_cast<int>(hw ? hw : 1);
     openblas_set_num_threads(threads);

@@ -25,15 +25,29 @@ struct AttentionOptions {
 };
 
 // out[b,h,i,:] = sum_j softmax_j(scale q[b,h,i,:] . k[b,g(h),j,:] + mask) v[b,g(h),j,:]
-//   q [B, H, Nq, d], k and v [B, Hkv, Nk, d] -> [B, H, Nq, d]; f32 or f64.
+//   q [B, H, Nq, d], k and v [B, Hkv, Nk, d] -> [B, H, Nq, d], all of one
+//   dtype: f32, f64, bf16 or f16; the output has the inputs' dtype.
+// Precision: f32 and f64 compute in their own type. bf16/f16 inputs are
+// computed with f32 accumulation everywhere (scores, softmax statistics,
+// output sums; the per-row log-sum-exp residual is stored in f32) and the
+// output and the gradients are rounded to the input dtype once, at the end.
+// On the CPU every intermediate is f32; on CUDA the products run on tensor
+// cores (wmma, sm_80+), so the probabilities P and the backward's dS are also
+// rounded to the input dtype before their products with V, dO, Q, K (as in
+// FlashAttention). Expect errors of a few unit roundoffs u of the input type
+// (bf16 u = 2^-8, f16 u = 2^-11) relative to the largest value of each result
+// — tested at <= 4 u against f64 — not f32 accuracy.
 // Grouped-query attention when Hkv < H: Hkv must divide H, and query head h
 // uses key/value head g(h) = h / (H / Hkv).
 // A query row whose keys are all masked (key_lengths[b] = 0, or causal with
 // Nq > Nk) gets a zero output and zero gradients, never NaN.
-// Any head size d >= 1 works; tiles are sized for d in {32, 64, 128}.
+// Any head size d >= 1 works on the CPU; tiles are sized for d in {32, 64,
+// 128}. On CUDA, d <= 128 (d is zero-padded to 32, 64 or 128 inside the
+// kernels, so those three waste nothing); larger d throws ad::Error naming the
+// op and d when the graph is built.
 // Throws ad::Error (naming the op and the shapes) when q, k, v are not rank
 // 4, batch sizes or d differ, k and v differ, Hkv does not divide H, d is 0,
-// dtypes differ or are not f32/f64, key_lengths is not i64 [B], or scale is
+// dtypes differ or are not f32/f64/bf16/f16, key_lengths is not i64 [B], or scale is
 // not finite.
 Var attention(const Operand& q, const Operand& k, const Operand& v, const AttentionOptions& options = {});
 

@@ -229,3 +229,22 @@ void semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C,
 void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx);
 
 }  // namespace ad::cuda_k
+
+#include "ops/attention_cpu.hpp"
+
+namespace ad::cuda_k {
+
+// ---- attention (src/cuda/attention.cu) ----
+// Layouts of ops/attention_cpu.hpp; d <= 128 (throws ad::Error naming the op
+// and d otherwise); lens: device i64 [B] (checked in range) or nullptr.
+// q, k, v, o (and dout, dq, dk, dv) in dtype t: f32 or f64 on CUDA cores,
+// bf16 or f16 on tensor cores (f32 accumulation). lse, dlse and D in the
+// accumulate type: f64 for f64, f32 otherwise.
+void attention_forward(DType t, const attn::Dims& dm, const void* q, const void* k, const void* v,
+                       const std::int64_t* lens, void* o, void* lse);
+// ws: B H Nq accumulate-type elements (D = rowsum(dO o O) - dlse).
+void attention_backward(DType t, const attn::Dims& dm, const void* q, const void* k, const void* v, const void* o,
+                        const void* lse, const void* dout, const void* dlse, const std::int64_t* lens, void* dq,
+                        void* dk, void* dv, void* ws);
+
+}  // namespace ad::cuda_k

@@ -1,14 +1,17 @@
 // Attention as a graph op (see include/ad/attention.hpp). The forward node's
-// value is one flat buffer [O | lse]: O [B,H,Nq,d] then one log-sum-exp per
-// query row [B,H,Nq]; ad::attention hands out O with part(). The backward is
-// one fused op whose value is [dq | dk | dv], handed out with part() too.
-// Kernels: src/ops/attention_cpu.cpp; per-element math: attention_math.hpp.
+// value is one flat buffer [O | lse] in the input dtype: O [B,H,Nq,d] then one
+// log-sum-exp per query row [B,H,Nq] in the accumulate type (f32 bits for
+// bf16/f16 inputs; attn::lse_offset); ad::attention hands out O with part().
+// The backward is one fused op whose value is [dq | dk | dv], handed out with
+// part() too. Kernels: src/ops/attention_cpu.cpp, src/cuda/attention.cu;
+// per-element math: attention_math.hpp.
 #include <cmath>
 
 #include "ad/attention.hpp"
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/attention_cpu.hpp"
+#include "cuda/launch.hpp"
 
 namespace ad {
 
@@ -17,8 +20,8 @@ namespace {
 // input `lens_at` (absent when the op has fewer inputs).
 attn::Dims check_attention(const InferArgs& a, std::size_t lens_at) {
   for (std::size_t i = 0; i < 3; ++i) {
-    if (!is_compute_float(a[i].dtype))
-      fail_shapes(a, fmt::format("{} must be f32 or f64, got {}", i == 0 ? "q" : i == 1 ? "k" : "v",
+    if (!is_floating(a[i].dtype))
+      fail_shapes(a, fmt::format("{} must be f32, f64, bf16 or f16, got {}", i == 0 ? "q" : i == 1 ? "k" : "v",
                                  dtype_name(a[i].dtype)));
     if (a[i].dtype != a[0].dtype) fail_shapes(a, "dtype mismatch");
     if (!(a[i].device == a[0].device)) fail_shapes(a, "inputs on different devices");
@@ -30,6 +33,8 @@ attn::Dims check_attention(const InferArgs& a, std::size_t lens_at) {
   if (qs[0] != ks[0]) fail_shapes(a, fmt::format("batch sizes differ ({} vs {})", qs[0], ks[0]));
   if (qs[3] != ks[3]) fail_shapes(a, fmt::format("head sizes d differ ({} vs {})", qs[3], ks[3]));
   if (qs[3] == 0) fail_shapes(a, "head size d is 0");
+  if (a[0].device.kind == DeviceKind::cuda && qs[3] > 128)
+    fail_shapes(a, fmt::format("no CUDA kernel for head size d = {} (the CUDA kernels take d <= 128)", qs[3]));
   if (ks[1] == 0 ? qs[1] != 0 : qs[1] % ks[1] != 0)
     fail_shapes(a, fmt::format("key/value heads Hkv = {} do not divide query heads H = {}", ks[1], qs[1]));
   if (a.in.size() > lens_at) {
@@ -61,6 +66,21 @@ const std::int64_t* checked_lengths(const char* op, const KernelArgs& k, std::si
       kernel_fail(op, fmt::format("key_lengths[{}] = {} is outside [0, Nk = {}]", b, lens[b], dm.Nk));
   return lens;
 }
+// On a GPU the lengths are checked on the device (one flag read back).
+AD_CUDA_ONLY(const std::int64_t* device_lengths(const char* op, const KernelArgs& k, std::size_t at,
+                                                const attn::Dims& dm) {
+  if (k.in.size() <= at) return nullptr;
+  const std::int64_t* lens = k[at].data<std::int64_t>();
+  std::int64_t value = 0;
+  std::int64_t b = cuda_k::first_bad_index(lens, dm.B, dm.Nk + 1, &value);
+  if (b >= 0) kernel_fail(op, fmt::format("key_lengths[{}] = {} is outside [0, Nk = {}]", b, value, dm.Nk));
+  return lens;
+})
+bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+// The CUDA backward's workspace: D, one accumulate-type value per query row.
+std::int64_t cuda_backward_workspace_bytes(const attn::Dims& dm, DType t) {
+  return dm.B * dm.H * dm.Nq * (t == DType::f64 ? 8 : 4);
+}
 double forward_flops(const attn::Dims& dm) {  // QK^T and PV: 2 products of 2 d flops per visible pair
   return 4.0 * static_cast<double>(dm.B * dm.H * dm.d) * attn::visible_pairs(dm);
 }
@@ -72,18 +92,34 @@ Meta infer_attention(const InferArgs& a) {
   if (a.in.size() != 3 && a.in.size() != 4)
     fail(a, fmt::format("expects q, k, v and optionally key_lengths, got {} inputs", a.in.size()));
   attn::Dims dm = check_attention(a, 3);
-  return Meta{Shape{dm.B * dm.H * dm.Nq * (dm.d + 1)}, a[0].dtype, a[0].device};
+  return Meta{Shape{attn::buffer_elems(dm, dtype_size(a[0].dtype))}, a[0].dtype, a[0].device};
 }
 void attention_cpu(const KernelArgs& k) {
   attn::Dims dm = dims_of(k[0], k[1], k.attrs);
   const std::int64_t* lens = checked_lengths("attention", k, 3, dm);
-  kernels::dispatch_float(k.out.dtype(), "attention", [&](auto t) {
+  const DType dt = k.out.dtype();
+  if (is_half(dt)) {
+    auto* o = static_cast<std::uint16_t*>(k.out.raw());
+    attn::forward_cpu_half(dm, dt == DType::bf16, static_cast<const std::uint16_t*>(k[0].raw()),
+                           static_cast<const std::uint16_t*>(k[1].raw()), static_cast<const std::uint16_t*>(k[2].raw()),
+                           lens, o, reinterpret_cast<float*>(o + attn::lse_offset(dm, 2)), k.workspace);
+    return;
+  }
+  kernels::dispatch_float(dt, "attention", [&](auto t) {
     using T = decltype(t);
     T* o = k.out.data<T>();
     attn::forward_cpu<T>(dm, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), lens, o, o + dm.B * dm.H * dm.Nq * dm.d,
                          k.workspace);
   });
 }
+AD_CUDA_ONLY(void attention_cuda(const KernelArgs& k) {
+  attn::Dims dm = dims_of(k[0], k[1], k.attrs);
+  const std::int64_t* lens = device_lengths("attention", k, 3, dm);
+  const std::size_t es = dtype_size(k.out.dtype());
+  char* buf = static_cast<char*>(k.out.raw());
+  cuda_k::attention_forward(k.out.dtype(), dm, k[0].raw(), k[1].raw(), k[2].raw(), lens, buf,
+                            buf + attn::lse_offset(dm, es) * static_cast<std::int64_t>(es));
+})
 // One fused backward node [dq | dk | dv]; each wanted gradient is a part of it.
 // The gradient of lse (zero unless someone reads that part) is honoured too.
 void attention_bwd(BackwardArgs& a) {
@@ -97,10 +133,11 @@ void attention_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_attention{
     .name = "attention", .args = "q,k,v,key_lengths", .arity = -1, .infer = infer_attention, .cpu = attention_cpu,
-    .backward = attention_bwd,
+    .cuda = AD_CUDA_FN(attention_cuda), .backward = attention_bwd,
     .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | kSavesOutput,
     .flops = [](const InferArgs& a, const Meta&) { return forward_flops(check_attention(a, 3)); },
-    .workspace = [](const InferArgs& a, const Meta& out) {
+    .workspace = [](const InferArgs& a, const Meta& out) -> std::int64_t {
+      if (out.device.kind == DeviceKind::cuda) return 0;  // the CUDA forward needs no scratch
       return attn::forward_workspace_bytes(check_attention(a, 3), dtype_size(out.dtype));
     }};
 
@@ -126,7 +163,7 @@ Meta infer_attention_backward(const InferArgs& a) {
   if (a.in.size() != 5 && a.in.size() != 6)
     fail(a, fmt::format("expects q, k, v, out, dout and optionally key_lengths, got {} inputs", a.in.size()));
   attn::Dims dm = check_attention(a, 5);
-  const std::int64_t buf = dm.B * dm.H * dm.Nq * (dm.d + 1);
+  const std::int64_t buf = attn::buffer_elems(dm, dtype_size(a[0].dtype));
   for (std::size_t i : {std::size_t{3}, std::size_t{4}})
     if (a[i].shape.rank() != 1 || a[i].shape[0] != buf || a[i].dtype != a[0].dtype)
       fail_shapes(a, fmt::format("{} must be the attention buffer [{}]", i == 3 ? "out" : "dout", buf));
@@ -136,7 +173,19 @@ void attention_backward_cpu(const KernelArgs& k) {
   attn::Dims dm = dims_of(k[0], k[1], k.attrs);
   const std::int64_t* lens = checked_lengths("attention_backward", k, 5, dm);
   const std::int64_t no = dm.B * dm.H * dm.Nq * dm.d, nq = k[0].numel(), nk = k[1].numel();
-  kernels::dispatch_float(k.out.dtype(), "attention_backward", [&](auto t) {
+  const DType dt = k.out.dtype();
+  if (is_half(dt)) {
+    using U = std::uint16_t;
+    const U *buf = static_cast<const U*>(k[3].raw()), *dbuf = static_cast<const U*>(k[4].raw());
+    const std::int64_t lo = attn::lse_offset(dm, 2);
+    U* g = static_cast<U*>(k.out.raw());
+    attn::backward_cpu_half(dm, dt == DType::bf16, static_cast<const U*>(k[0].raw()),
+                            static_cast<const U*>(k[1].raw()), static_cast<const U*>(k[2].raw()), buf,
+                            reinterpret_cast<const float*>(buf + lo), dbuf, reinterpret_cast<const float*>(dbuf + lo),
+                            lens, g, g + nq, g + nq + nk, k.workspace);
+    return;
+  }
+  kernels::dispatch_float(dt, "attention_backward", [&](auto t) {
     using T = decltype(t);
     const T *buf = k[3].data<T>(), *dbuf = k[4].data<T>();
     T* g = k.out.data<T>();
@@ -144,12 +193,26 @@ void attention_backward_cpu(const KernelArgs& k) {
                           g + nq, g + nq + nk, k.workspace);
   });
 }
+AD_CUDA_ONLY(void attention_backward_cuda(const KernelArgs& k) {
+  attn::Dims dm = dims_of(k[0], k[1], k.attrs);
+  const std::int64_t* lens = device_lengths("attention_backward", k, 5, dm);
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(k.out.dtype()));
+  const std::int64_t lo = attn::lse_offset(dm, static_cast<std::size_t>(es)) * es;
+  const char *buf = static_cast<const char*>(k[3].raw()), *dbuf = static_cast<const char*>(k[4].raw());
+  char* g = static_cast<char*>(k.out.raw());
+  const std::int64_t nq = k[0].numel() * es, nk = k[1].numel() * es;
+  cuda_k::attention_backward(k.out.dtype(), dm, k[0].raw(), k[1].raw(), k[2].raw(), buf, buf + lo, dbuf, dbuf + lo,
+                             lens, g, g + nq, g + nq + nk, k.workspace);
+})
 const OpDef op_def_attention_backward{
     .name = "attention_backward", .args = "q,k,v,out,dout,key_lengths", .arity = -1,
-    .infer = infer_attention_backward, .cpu = attention_backward_cpu, .no_grad = "double backward is not supported",
+    .infer = infer_attention_backward, .cpu = attention_backward_cpu,
+    .cuda = AD_CUDA_FN(attention_backward_cuda), .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) { return 2.5 * forward_flops(check_attention(a, 5)); },
-    .workspace = [](const InferArgs& a, const Meta& out) {
-      return attn::backward_workspace_bytes(check_attention(a, 5), dtype_size(out.dtype));
+    .workspace = [](const InferArgs& a, const Meta& out) -> std::int64_t {
+      const attn::Dims dm = check_attention(a, 5);
+      if (out.device.kind == DeviceKind::cuda) return cuda_backward_workspace_bytes(dm, out.dtype);
+      return attn::backward_workspace_bytes(dm, dtype_size(out.dtype));
     }};
 
 }  // namespace ad

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/vec.hpp"
+#include "ad/dtype.hpp"
 #include "ops/attention_math.hpp"
 
 namespace ad::attn {
@@ -203,10 +204,21 @@ int threads_for(const Dims& dm, bool backward) {
   return static_cast<int>(std::clamp<std::int64_t>(t, 1, 256));
 }
 
+namespace {
+// f32 elements of the half entry points' copies, each rounded up to 64 bytes:
+// forward q, k, v, o; backward q, k, v, o, dout, dq, dk, dv.
+std::int64_t half_copies(const Dims& dm, bool backward) {
+  const std::int64_t nq = round_up(dm.B * dm.H * dm.Nq * dm.d, 4), nk = round_up(dm.B * dm.Hkv * dm.Nk * dm.d, 4);
+  return backward ? 4 * nq + 4 * nk : 2 * nq + 2 * nk;
+}
+}  // namespace
+
 std::int64_t forward_workspace_bytes(const Dims& dm, std::size_t elem) {
+  if (elem == 2) return half_copies(dm, false) * 4 + forward_workspace_bytes(dm, 4);
   return threads_for(dm, false) * fwd_scratch(dm, elem) * static_cast<std::int64_t>(elem);
 }
 std::int64_t backward_workspace_bytes(const Dims& dm, std::size_t elem) {
+  if (elem == 2) return half_copies(dm, true) * 4 + backward_workspace_bytes(dm, 4);
   return threads_for(dm, true) * bwd_scratch(dm, elem) * static_cast<std::int64_t>(elem);
 }
 
@@ -299,6 +311,55 @@ void backward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const T* o
       }
     }
   });
+}
+
+namespace {
+void widen(bool bf16, const std::uint16_t* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = bf16 ? bf16_to_f32(x[i]) : f16_to_f32(x[i]);
+}
+void narrow(bool bf16, const float* x, std::uint16_t* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+}
+// Takes f32 regions of n elements, each rounded up to 64 bytes, from a workspace.
+struct Take {
+  float* p;
+  float* operator()(std::int64_t n) {
+    float* r = p;
+    p += round_up(n, 4);
+    return r;
+  }
+};
+}  // namespace
+
+void forward_cpu_half(const Dims& dm, bool bf16, const std::uint16_t* q, const std::uint16_t* k,
+                      const std::uint16_t* v, const std::int64_t* lens, std::uint16_t* o, float* lse, void* ws) {
+  const std::int64_t nq = dm.B * dm.H * dm.Nq * dm.d, nk = dm.B * dm.Hkv * dm.Nk * dm.d;
+  Take take{static_cast<float*>(ws)};
+  float *q32 = take(nq), *k32 = take(nk), *v32 = take(nk), *o32 = take(nq);
+  widen(bf16, q, q32, nq);
+  widen(bf16, k, k32, nk);
+  widen(bf16, v, v32, nk);
+  forward_cpu<float>(dm, q32, k32, v32, lens, o32, lse, take.p);
+  narrow(bf16, o32, o, nq);
+}
+
+void backward_cpu_half(const Dims& dm, bool bf16, const std::uint16_t* q, const std::uint16_t* k,
+                       const std::uint16_t* v, const std::uint16_t* o, const float* lse, const std::uint16_t* dout,
+                       const float* dlse, const std::int64_t* lens, std::uint16_t* dq, std::uint16_t* dk,
+                       std::uint16_t* dv, void* ws) {
+  const std::int64_t nq = dm.B * dm.H * dm.Nq * dm.d, nk = dm.B * dm.Hkv * dm.Nk * dm.d;
+  Take take{static_cast<float*>(ws)};
+  float *q32 = take(nq), *k32 = take(nk), *v32 = take(nk), *o32 = take(nq), *do32 = take(nq);
+  float *dq32 = take(nq), *dk32 = take(nk), *dv32 = take(nk);
+  widen(bf16, q, q32, nq);
+  widen(bf16, k, k32, nk);
+  widen(bf16, v, v32, nk);
+  widen(bf16, o, o32, nq);
+  widen(bf16, dout, do32, nq);
+  backward_cpu<float>(dm, q32, k32, v32, o32, lse, do32, dlse, lens, dq32, dk32, dv32, take.p);
+  narrow(bf16, dq32, dq, nq);
+  narrow(bf16, dk32, dk, nk);
+  narrow(bf16, dv32, dv, nk);
 }
 
 template void forward_cpu<float>(const Dims&, const float*, const float*, const float*, const std::int64_t*, float*,

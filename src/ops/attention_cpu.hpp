@@ -30,7 +30,21 @@ double visible_pairs(const Dims& dm);
 // (the workspace, which the planner counts, depends on it).
 int threads_for(const Dims& dm, bool backward);
 
-// Scratch bytes of the kernels (tile buffers per thread).
+// The forward node's value [O | lse], in elements of the input dtype (elem
+// bytes each): O [B,H,Nq,d] first, then lse [B,H,Nq] in the accumulate type
+// (f64 for f64 inputs, f32 otherwise). For bf16/f16 inputs each f32 lse takes
+// two elements, from an even element offset (4-byte aligned).
+inline std::int64_t lse_offset(const Dims& dm, std::size_t elem) {
+  const std::int64_t no = dm.B * dm.H * dm.Nq * dm.d;
+  return elem == 2 ? (no + 1) / 2 * 2 : no;
+}
+inline std::int64_t buffer_elems(const Dims& dm, std::size_t elem) {
+  return lse_offset(dm, elem) + dm.B * dm.H * dm.Nq * (elem == 2 ? 2 : 1);
+}
+
+// Scratch bytes of the kernels (tile buffers per thread). elem = 2 (bf16,
+// f16 inputs): also the f32 copies of the inputs and outputs that the half
+// entry points below convert through.
 std::int64_t forward_workspace_bytes(const Dims& dm, std::size_t elem);
 std::int64_t backward_workspace_bytes(const Dims& dm, std::size_t elem);
 
@@ -47,5 +61,16 @@ void forward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const std::
 template <class T>
 void backward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout,
                   const T* dlse, const std::int64_t* lens, T* dq, T* dk, T* dv, void* ws);
+
+// bf16 / f16 inputs (bf16 when `bf16`, else f16; raw 16-bit values): the
+// inputs are converted to f32 in the workspace, the f32 kernels above run
+// (f32 accumulation throughout), and o (dq, dk, dv) are rounded to nearest
+// even once at the end. lse and dlse are f32.
+void forward_cpu_half(const Dims& dm, bool bf16, const std::uint16_t* q, const std::uint16_t* k,
+                      const std::uint16_t* v, const std::int64_t* lens, std::uint16_t* o, float* lse, void* ws);
+void backward_cpu_half(const Dims& dm, bool bf16, const std::uint16_t* q, const std::uint16_t* k,
+                       const std::uint16_t* v, const std::uint16_t* o, const float* lse, const std::uint16_t* dout,
+                       const float* dlse, const std::int64_t* lens, std::uint16_t* dq, std::uint16_t* dk,
+                       std::uint16_t* dv, void* ws);
 
 }  // namespace ad::attn

@@ -294,8 +294,8 @@ const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity
 // ---- part ----  numel(shape) elements of x's flat order from element `start`,
 // as a view: how an op with several outputs (or a backward op producing
 // several gradients) returns them from one buffer without copies.
+// Pure data movement: any dtype, f16/bf16 included (attention's half buffers).
 Meta infer_part(const InferArgs& a) {
-  infer_float_or_index(a);
   if (a.attrs.start < 0 || a.attrs.start + a.attrs.shape.numel() > a[0].shape.numel())
     fail_shapes(a, fmt::format("{} elements at offset {} do not fit", a.attrs.shape.str(), a.attrs.start));
   return Meta{a.attrs.shape, a[0].dtype, a[0].device};
@@ -319,7 +319,7 @@ Var part(const Operand& x, std::int64_t offset, const Shape& shape) {
 }
 // ---- part_backward ----  dy -> zeros of attrs.shape with dy's elements at flat offset start
 Meta infer_part_backward(const InferArgs& a) {
-  check_float_same(a);
+  if (!is_floating(a[0].dtype)) fail_shapes(a, fmt::format("dy must be floating point, got {}", dtype_name(a[0].dtype)));
   if (a.attrs.start < 0 || a.attrs.start + a[0].shape.numel() > a.attrs.shape.numel())
     fail_shapes(a, fmt::format("does not fit in {} at offset {}", a.attrs.shape.str(), a.attrs.start));
   return Meta{a.attrs.shape, a[0].dtype, a[0].device};
