@@ -57,6 +57,28 @@ std::string run_check(SmallGraph& sg, const ad::Schedule& s, std::int64_t simula
   return note;
 }
 
+// AD_ORACLE_DUMP=<graph name>: the graph's values (op, bytes, flops, inputs)
+// once, then per budget the oracle's and the policy's schedules as C<node>
+// (compute) and F<node> (free) steps, to see where the policy loses.
+void dump_schedules(const ad::planner::Problem& p, const ad::GraphImpl& g, std::int64_t budget, const ad::Schedule& oracle,
+                    const ad::Schedule& policy, bool first) {
+  if (first)
+    for (auto v : p.order) {
+      std::fprintf(stderr, "  #%d %s bytes=%lld flops=%.0f <-", v, ad::op_def(g.node(v).op).name,
+                   static_cast<long long>(p.bytes[static_cast<std::size_t>(v)]), p.flops[static_cast<std::size_t>(v)]);
+      for (auto in : g.node(v).inputs) std::fprintf(stderr, " %d", in);
+      std::fprintf(stderr, "%s\n", p.is_sink(v) ? " (sink)" : "");
+    }
+  for (const auto* s : {&oracle, &policy}) {
+    std::fprintf(stderr, "  %s (budget %lld):%s", s == &oracle ? "oracle" : "policy", static_cast<long long>(budget),
+                 s->steps.empty() ? " infeasible" : "");
+    for (const auto& st : s->steps)
+      if (st.kind == ad::Step::Kind::compute || st.kind == ad::Step::Kind::free)
+        std::fprintf(stderr, " %s%d", st.kind == ad::Step::Kind::compute ? "C" : "F", st.node);
+    std::fprintf(stderr, "\n");
+  }
+}
+
 ad::planner::Problem problem_of(const ad::Var& loss) {
   ad::plan_backward(loss, ad::policy::keep_all());
   ad::GraphImpl& g = *loss.graph();
@@ -140,6 +162,7 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
             c.note += "oracle cost and its schedule's recompute flops differ; ";
           c.note += run_check(sg, r.schedule, r.peak, ref);
         }
+        ad::Schedule policy_schedule;  // empty: infeasible
         try {
           zero();
           ad::Policy pol = ad::policy::budget(b);
@@ -149,9 +172,13 @@ std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_
           c.policy_rc = pl.schedule.recompute_flops;
           c.policy_peak = pl.schedule.predicted_peak_bytes;
           if (c.policy_peak > b) c.note += "policy peak above budget; ";
+          policy_schedule = pl.schedule;
         } catch (const ad::Error& e) {
           c.policy_feasible = false;
         }
+        if (const char* dump = std::getenv("AD_ORACLE_DUMP");
+            dump && sg.name == dump && c.oracle == OracleCase::Status::optimal)
+          dump_schedules(p, *sg.loss.graph(), b, r.schedule, policy_schedule, bs.front() == b);
         if (c.oracle == OracleCase::Status::optimal && c.policy_feasible && c.policy_rc < c.oracle_rc - 0.5)
           c.note += "policy cheaper than the oracle (oracle bug); ";
         if (c.oracle == OracleCase::Status::infeasible && c.policy_feasible)

@@ -5,7 +5,9 @@
 // keep sets that drop the forward values cheapest to recompute per byte,
 // uniform keep sets, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
-// memory levels from the lower bound up to the keep_all peak, and, for
+// memory levels from the lower bound up to the keep_all peak (on problems of
+// up to kSmallProblem nodes also with three more eviction scores and with the
+// loss computed last; see the variants in budget()), and, for
 // chain-shaped graphs, binomial (Revolve) schedules, with one forward node
 // per chain step and with steps grouped up to the values backward reads. The DTR ladder runs
 // twice: demanding the nodes in autodiff's order, and in a low-memory
@@ -17,7 +19,8 @@
 // Each candidate's peak is simulated exactly; the plan for a budget B is the
 // first candidate, in (recompute cost, peak) order, whose peak is <= B. When
 // none fits, a second tier: the DTR schedules a bisection over memory levels
-// finds between the lower bound and the least fixed peak, again in (cost,
+// finds between the lower bound and the least fixed peak (one bisection per
+// DTR variant on small problems), again in (cost,
 // peak) order; the least of their peaks is the minimum feasible budget stated
 // when B is below it. Neither tier depends on B, so lowering the budget never raises the
 // peak, and every budget at or above the stated minimum plans. (A DTR run at
@@ -39,8 +42,9 @@ namespace {
 class Dtr {
  public:
   // max_steps: give up (nullopt) once the schedule has more steps (0: no limit)
-  Dtr(const Problem& p, std::int64_t limit, const std::vector<std::int32_t>* order = nullptr, std::size_t max_steps = 0)
-      : p_(p), b_(p), limit_(limit), max_steps_(max_steps), order_(order ? *order : p.order) {
+  Dtr(const Problem& p, std::int64_t limit, const std::vector<std::int32_t>* order = nullptr, std::size_t max_steps = 0,
+      int score = 0)
+      : p_(p), b_(p), limit_(limit), max_steps_(max_steps), score_(score), order_(order ? *order : p.order) {
     auto n = static_cast<std::size_t>(p.hi + 1);
     pending_.assign(n, 0);
     for (auto id : p.order) pending_[static_cast<std::size_t>(id)] = static_cast<std::int32_t>(p.consumers[static_cast<std::size_t>(id)].size());
@@ -134,8 +138,9 @@ class Dtr {
     for (auto id : evictable_) {
       auto u = static_cast<std::size_t>(id);
       if (lock_[u] || view_refs_[u]) continue;
-      double stale = static_cast<double>(clock_ - last_[u] + 1);
-      double h = (p_.flops[u] + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
+      double stale = (score_ & 1) ? 1.0 : static_cast<double>(clock_ - last_[u] + 1);
+      double cost = (score_ & 2) ? chain_cost(id) : p_.flops[u];
+      double h = (cost + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
       if (best < 0 || h < best_h || (h == best_h && id < best)) { best = id; best_h = h; }
     }
     if (best < 0) return false;
@@ -143,10 +148,30 @@ class Dtr {
     return true;
   }
 
+  // flops of recomputing id and the absent values it needs (DTR's evicted
+  // neighbourhood, upstream only; each counted once)
+  double chain_cost(std::int32_t id) {
+    ++mark_;
+    double c = 0;
+    stack_.assign(1, id);
+    while (!stack_.empty()) {
+      auto v = stack_.back();
+      stack_.pop_back();
+      auto u = static_cast<std::size_t>(v);
+      if (seen_[u] == mark_) continue;
+      seen_[u] = mark_;
+      c += p_.flops[u];
+      for (auto in : p_.g.node(v).inputs)
+        if (!b_.present(in) && p_.needed[static_cast<std::size_t>(in)]) stack_.push_back(in);
+    }
+    return c;
+  }
+
   const Problem& p_;
   Builder b_;
   std::int64_t limit_;
   std::size_t max_steps_;
+  int score_ = 0;
   bool capped_ = false;
   std::int64_t live_ = 0;
   std::int64_t clock_ = 0;
@@ -155,7 +180,13 @@ class Dtr {
   std::vector<std::int32_t> pending_;              // consumers of each value not yet demanded
   std::vector<std::int32_t> evictable_, slot_;     // present forward values that may be evicted; index in it
   std::vector<std::int64_t> last_;
+  std::vector<std::int64_t> seen_ = std::vector<std::int64_t>(static_cast<std::size_t>(p_.hi + 1), 0);
+  std::vector<std::int32_t> stack_;
+  std::int64_t mark_ = 0;
 };
+
+// Joint-graph nodes up to which every DTR eviction score runs (see budget()).
+constexpr std::size_t kSmallProblem = 300;
 
 // 1, 2, 3, ... growing by ~25% up to n (inclusive)
 std::vector<std::int64_t> ladder(std::int64_t n) {
@@ -267,21 +298,54 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
     add(keep_set(p, keep));
   }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
-  const std::vector<std::int32_t> low_memory = low_memory_order(p);
   // A DTR run longer than this recomputes the graph many times over; the
   // ladder leaves such low levels to the second tier below (the bisection).
   const std::size_t max_steps = 16 * cands[0].s.steps.size();
   constexpr int kRungs = 12;
-  bool capped[2] = {false, false};  // per order: a run gave up at max_steps, lower rungs would run longer
+  const std::vector<std::int32_t> low_memory = low_memory_order(p);
+  // The DTR variants. Every problem: DTR's score in autodiff's order and in
+  // the low-memory order. Small problems (where the runs are cheap and one
+  // eviction choice or the place of the loss decides the cost) also get
+  //  - three more eviction scores (bits of `score`): 1 = without staleness
+  //    (cost / bytes), 2 = the cost of the value and of the absent values its
+  //    recomputation needs (DTR's evicted neighbourhood), 3 = both;
+  //  - both orders with the targets (the loss) last: gradients read the
+  //    loss's inputs, not the loss, so its computation can wait until
+  //    backward no longer needs the memory.
+  struct Variant {
+    const std::vector<std::int32_t>* order;
+    int score;
+    bool capped = false;  // a run gave up at max_steps: lower rungs would run longer
+  };
+  const bool small = p.order.size() <= kSmallProblem;
+  auto last_targets = [&](const std::vector<std::int32_t>& order) {
+    std::vector<std::int32_t> o;
+    if (!small) return o;
+    for (auto id : order)
+      if (!p.is_target(id)) o.push_back(id);
+    for (auto id : order)
+      if (p.is_target(id)) o.push_back(id);
+    return o;
+  };
+  const std::vector<std::int32_t> targets_last = last_targets(p.order), low_targets_last = last_targets(low_memory);
+  std::vector<Variant> variants;
+  for (int sc = 0; sc < (small ? 4 : 1); ++sc) {
+    variants.push_back({&p.order, sc});
+    variants.push_back({&low_memory, sc});
+    if (small) {
+      variants.push_back({&targets_last, sc});
+      variants.push_back({&low_targets_last, sc});
+    }
+  }
   for (int r = kRungs; r >= 0; --r) {
     double level = static_cast<double>(lb) * std::pow(static_cast<double>(top) / static_cast<double>(std::max<std::int64_t>(lb, 1)),
                                                       static_cast<double>(r) / kRungs);
     auto lim = r == 0 ? lb : static_cast<std::int64_t>(level);
-    for (int k = 0; k < 2; ++k) {
-      if (capped[k]) continue;
-      Dtr d(p, lim, k ? &low_memory : nullptr, max_steps);
+    for (auto& v : variants) {
+      if (v.capped) continue;
+      Dtr d(p, lim, v.order, max_steps, v.score);
       if (auto s = d.run()) add(std::move(*s));
-      else capped[k] = d.capped();
+      else v.capped = d.capped();
     }
   }
   // chains: binomial (Revolve) schedules with growing numbers of snapshots,
@@ -309,18 +373,23 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   for (const auto& c : cands) best = std::min(best, c.peak);
   // Second tier: DTR schedules at the levels a bisection for the least level
   // that still fits visits (independent of the budget).
+  // (On small problems, one bisection per DTR variant.)
   std::vector<Candidate> low;
-  for (std::int64_t lo = lb, hi = best; lo < hi;) {
-    std::int64_t mid = lo + (hi - lo) / 2;
-    auto s = Dtr(p, mid).run();
-    if (s && reuse) reuse_dying_inputs(p, *s);
-    std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
-    if (s && pk <= mid) {
-      best = std::min(best, pk);
-      hi = std::min(mid, pk);
-      low.push_back({std::move(*s), pk, low.size()});
-    } else {
-      lo = mid + 1;
+  const std::int64_t fixed_best = best;
+  for (const auto& v : variants) {
+    if (!small && v.order != &p.order) break;  // large problems: DTR's order and score only
+    for (std::int64_t lo = lb, hi = fixed_best; lo < hi;) {
+      std::int64_t mid = lo + (hi - lo) / 2;
+      auto s = Dtr(p, mid, v.order, 0, v.score).run();
+      if (s && reuse) reuse_dying_inputs(p, *s);
+      std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
+      if (s && pk <= mid) {
+        best = std::min(best, pk);
+        hi = std::min(mid, pk);
+        low.push_back({std::move(*s), pk, low.size()});
+      } else {
+        lo = mid + 1;
+      }
     }
   }
   std::stable_sort(low.begin(), low.end(), [](const Candidate& a, const Candidate& b) {
