@@ -32,6 +32,7 @@
 #include <vector>
 
 #if AD_BENCH_CUDA
+#include "../gpu_time.hpp"
 #include "cuda/launch.hpp"
 #include "ops/attention_cpu.hpp"
 #endif
@@ -209,18 +210,7 @@ int gpu_bench(int reps) {
   using i64 = std::int64_t;
   const ad::Device dev = ad::Device::cuda(0);
   ad::Rng rng(3);
-  auto gpu_time = [&](const std::function<void()>& f) {
-    f();  // warm-up
-    ad::cuda::synchronize(0);
-    double best = INFINITY;
-    for (int k = 0; k < std::max(1, reps); ++k) {
-      auto t0 = Clock::now();
-      f();
-      ad::cuda::synchronize(0);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return best;
-  };
+  auto gpu_time = [&](const std::function<void()>& f) { return bench::gpu_time_min(reps, f); };
   const i64 G = 4096;
   ad::Tensor ga = ad::Tensor::randn({G, G}, rng).to(dev), gb = ad::Tensor::randn({G, G}, rng).to(dev),
              gc = ad::Tensor::zeros({G, G}).to(dev);

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_time.hpp"
 #include "core/graph_impl.hpp"
 
 #if AD_BENCH_CUDA
@@ -34,19 +35,6 @@ using Clock = std::chrono::steady_clock;
 using i64 = std::int64_t;
 
 #if AD_BENCH_CUDA
-double time_min(int reps, const std::function<void()>& f) {
-  f();  // warm-up: cuBLAS handle, the caching allocator's blocks
-  ad::cuda::synchronize(0);
-  double best = INFINITY;
-  for (int k = 0; k < std::max(1, reps); ++k) {
-    auto t0 = Clock::now();
-    f();
-    ad::cuda::synchronize(0);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
-
 // One op through the graph: a fresh graph per call (as a training loop
 // builds one per step), evaluated on the device.
 template <class Build> std::function<void()> graph_op(const std::vector<ad::Tensor>& in, Build build) {
@@ -82,9 +70,9 @@ int run(int reps, bool quick) {
       if (t == ad::DType::f64 && n > 4096) continue;
       std::vector<ad::Tensor> in{ad::Tensor::randn({n, n}, rng, t).to(dev), ad::Tensor::randn({n, n}, rng, t).to(dev)};
       ad::Tensor c = ad::Tensor::zeros({n, n}, t).to(dev);
-      const double t_ad = time_min(reps, graph_op(in, [](auto& v) { return ad::matmul(v[0], v[1]); }));
+      const double t_ad = bench::gpu_time_min(reps, graph_op(in, [](auto& v) { return ad::matmul(v[0], v[1]); }));
       const int ni = static_cast<int>(n);
-      const double t_blas = time_min(reps, [&] {
+      const double t_blas = bench::gpu_time_min(reps, [&] {
         // row-major C = A B is column-major C^T = B^T A^T
         if (t == ad::DType::f32) {
           const float one = 1, zero = 0;
@@ -110,7 +98,7 @@ int run(int reps, bool quick) {
   const i64 rows = quick ? 4096 : 8192, cols = quick ? 4096 : 8192, N = rows * cols;
   std::vector<ad::Tensor> in{ad::Tensor::randn({rows, cols}, rng).to(dev), ad::Tensor::randn({rows, cols}, rng).to(dev)};
   ad::Tensor dst = ad::Tensor::zeros({rows, cols}).to(dev);
-  const double t_copy = time_min(reps, [&] {
+  const double t_copy = bench::gpu_time_min(reps, [&] {
     if (cudaMemcpy(dst.raw(), in[0].raw(), static_cast<std::size_t>(N) * 4, cudaMemcpyDeviceToDevice) != cudaSuccess)
       throw ad::Error("bench_cuda: cudaMemcpy failed");
   });
@@ -135,7 +123,7 @@ int run(int reps, bool quick) {
       {"softmax(a, -1)", 8, [](auto& v) { return ad::softmax(v[0], -1); }},
   };
   for (auto& c : cases) {
-    const double t = time_min(reps, graph_op(in, c.f));
+    const double t = bench::gpu_time_min(reps, graph_op(in, c.f));
     const double gbs = c.bytes * static_cast<double>(N) / t / 1e9;
     std::printf("| %s | %.0f | %.3f | %.1f | %.2f |\n", c.name, c.bytes, t * 1e3, gbs, gbs / copy_gbs);
   }
@@ -144,7 +132,7 @@ int run(int reps, bool quick) {
   constexpr int kOps = 1000;
   ad::Tensor one = ad::Tensor::ones({1}).to(dev);
   double exec_best = INFINITY;
-  const double t_all = time_min(reps, [&] {
+  const double t_all = bench::gpu_time_min(reps, [&] {
     ad::Graph g;
     ad::Var x = g.input(one);
     for (int i = 0; i < kOps; ++i) x = ad::add_scalar(x, 1.0);
@@ -166,7 +154,7 @@ int run(int reps, bool quick) {
   ad::Tensor x = ad::Tensor::randn({batch, width}, rng).to(dev);
   for (const ad::Policy& pol : {ad::policy::keep_all(), ad::policy::sqrt_n(), ad::policy::keep_all().offloaded()}) {
     ad::Report last;
-    const double t = time_min(reps, [&] {
+    const double t = bench::gpu_time_min(reps, [&] {
       ad::Graph g;
       ad::Var hh = g.input(x);
       for (auto& p : w) hh = ad::tanh(ad::matmul(hh, p));

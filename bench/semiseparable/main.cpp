@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "../gpu_time.hpp"
 #include "ops/parallel.hpp"
 #include "ops/semiseparable_cpu.hpp"
 #if AD_BENCH_CUDA
@@ -363,18 +364,7 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   const i64 ws_elems = (static_cast<i64>(ad::semisep::matvec_ws_bytes(dm, sizeof(float))) + 3) / 4;
   ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
   const ad::cuda_k::SemisepDims gd{B, N, D, r, dm.L};
-  auto gpu_time = [&](const std::function<void()>& f) {
-    f();  // warm-up (cuBLAS handle, caches)
-    ad::cuda::synchronize(0);
-    double best = INFINITY;
-    for (int k = 0; k < std::max(1, reps); ++k) {
-      auto t0 = Clock::now();
-      f();
-      ad::cuda::synchronize(0);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return best;
-  };
+  auto gpu_time = [&](const std::function<void()>& f) { return bench::gpu_time_min(reps, f); };
   auto matvec = [&](bool causal) {
     return [&, causal] {
       ad::cuda_k::semisep_matvec(ad::DType::f32, gd, causal, x.raw(), d.raw(), up.raw(), lo.raw(), u.raw(), v.raw(),

@@ -21,50 +21,81 @@ namespace {
 // request takes the smallest cached block that fits and is at most twice its
 // size (so a small tensor never pins a huge block). On cudaMalloc failure the
 // pool is returned to the driver and the allocation retried once.
-// A block that an asynchronous copy still uses when it is freed waits in
-// `pending` until the copy's event completes (busy: block -> that event).
-struct Pending {
-  std::size_t size;
-  void* ptr;
-  cudaEvent_t done;
-};
-struct Pool {
-  std::mutex m;
+// Cached blocks of one pool (device memory of one GPU, or pinned host
+// memory). A block that an asynchronous copy still uses when it is freed
+// waits in `pending` until the copy's event completes (busy: block -> that
+// event). The pool's mutex is held around every call.
+struct Blocks {
+  struct Pending {
+    std::size_t size;
+    void* ptr;
+    cudaEvent_t done;
+  };
   std::multimap<std::size_t, void*> free_blocks;        // size -> block
   std::unordered_map<void*, std::size_t> live_blocks;   // block -> size
   std::unordered_map<void*, cudaEvent_t> busy;
   std::vector<Pending> pending;
-  std::int64_t live = 0, peak = 0, reserved = 0;
+
+  // Pending blocks whose copies completed go back to the free list; with
+  // `wait`, every pending block does (after waiting for its copy).
+  void reclaim(bool wait) {
+    auto keep = pending.begin();
+    for (auto& b : pending) {
+      cudaError_t e = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
+      if (e == cudaErrorNotReady) {
+        *keep++ = b;
+        continue;
+      }
+      if (e != cudaSuccess) cudaGetLastError();  // a failed copy: the block is not used any more either
+      cudaEventDestroy(b.done);
+      free_blocks.emplace(b.size, b.ptr);
+    }
+    pending.erase(keep, pending.end());
+  }
+  // The smallest cached block of at least `size` bytes and at most twice
+  // that (size is set to the block's), or nullptr.
+  void* take(std::size_t& size) {
+    if (!pending.empty()) reclaim(false);
+    auto it = free_blocks.lower_bound(size);
+    if (it == free_blocks.end() || it->first > 2 * size) return nullptr;
+    size = it->first;
+    void* ptr = it->second;
+    free_blocks.erase(it);
+    return ptr;
+  }
+  // A live block back to the cache (pending while a copy uses it); false if
+  // ptr is not a live block.
+  bool give_back(void* ptr) {
+    auto it = live_blocks.find(ptr);
+    if (it == live_blocks.end()) return false;
+    if (auto b = busy.find(ptr); b != busy.end()) {
+      pending.push_back({it->second, ptr, b->second});
+      busy.erase(b);
+    } else {
+      free_blocks.emplace(it->second, ptr);
+    }
+    live_blocks.erase(it);
+    return true;
+  }
+  // Marks a live block as used by queued work until `ev` completes
+  // (replacing an earlier mark: work on one stream completes in order).
+  // Returns false (and leaves ev to the caller) when ptr is not the start of
+  // a live block.
+  bool mark_busy(void* ptr, cudaEvent_t ev) {
+    if (!live_blocks.count(ptr)) return false;
+    auto [it, fresh] = busy.try_emplace(ptr, ev);
+    if (!fresh) {
+      cudaEventDestroy(it->second);
+      it->second = ev;
+    }
+    return true;
+  }
 };
 
-// Pending blocks whose copies completed go back to the free list; with
-// `wait`, every pending block does (after waiting for its copy). m held.
-void reclaim(Pool& p, bool wait) {
-  auto keep = p.pending.begin();
-  for (auto& b : p.pending) {
-    cudaError_t e = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
-    if (e == cudaErrorNotReady) {
-      *keep++ = b;
-      continue;
-    }
-    if (e != cudaSuccess) cudaGetLastError();  // a failed copy: the block is not read any more either
-    cudaEventDestroy(b.done);
-    p.free_blocks.emplace(b.size, b.ptr);
-  }
-  p.pending.erase(keep, p.pending.end());
-}
-// Marks a live block as used by queued work until `ev` completes (replacing
-// an earlier mark: work on one stream completes in order). m held. Returns
-// false (and leaves ev to the caller) when ptr is not the start of a live block.
-bool mark_busy(Pool& p, void* ptr, cudaEvent_t ev) {
-  if (!p.live_blocks.count(ptr)) return false;
-  auto [it, fresh] = p.busy.try_emplace(ptr, ev);
-  if (!fresh) {
-    cudaEventDestroy(it->second);
-    it->second = ev;
-  }
-  return true;
-}
+struct Pool : Blocks {
+  std::mutex m;
+  std::int64_t live = 0, peak = 0, reserved = 0;
+};
 
 constexpr int kMaxDevices = 64;
 Pool& pool(int dev) {
@@ -78,7 +109,7 @@ void release_cached(int dev, Pool& p) {  // p.m held
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(dev);
-  reclaim(p, true);
+  p.reclaim(true);
   for (auto& [size, ptr] : p.free_blocks) {
     cudaFree(ptr);
     p.reserved -= static_cast<std::int64_t>(size);
@@ -165,14 +196,8 @@ void* allocate(int dev, std::size_t bytes) {
   Pool& p = pool(dev);
   std::size_t size = round_block(bytes);
   std::lock_guard<std::mutex> lock(p.m);
-  if (!p.pending.empty()) reclaim(p, false);
-  void* ptr = nullptr;
-  auto it = p.free_blocks.lower_bound(size);
-  if (it != p.free_blocks.end() && it->first <= 2 * size) {
-    size = it->first;
-    ptr = it->second;
-    p.free_blocks.erase(it);
-  } else {
+  void* ptr = p.take(size);
+  if (!ptr) {
     cuda::require(dev);
     DeviceGuard g(dev);
     cudaError_t e = cudaMalloc(&ptr, size);
@@ -201,19 +226,11 @@ void deallocate(int dev, void* ptr, std::size_t bytes) noexcept {
   if (dev < 0 || dev >= kMaxDevices) return;
   Pool& p = pool(dev);
   std::lock_guard<std::mutex> lock(p.m);
-  auto it = p.live_blocks.find(ptr);
-  if (it == p.live_blocks.end()) return;
   // a block may still be read by queued kernels: they run on the device's
   // default stream in order, so reusing it for later work is safe; a copy
   // on the copy stream is not ordered with that work, so a block it still
   // uses waits for its event
-  if (auto b = p.busy.find(ptr); b != p.busy.end()) {
-    p.pending.push_back({it->second, ptr, b->second});
-    p.busy.erase(b);
-  } else {
-    p.free_blocks.emplace(it->second, ptr);
-  }
-  p.live_blocks.erase(it);
+  if (!p.give_back(ptr)) return;
   p.live -= static_cast<std::int64_t>(bytes);
 }
 
@@ -255,30 +272,12 @@ cudaEvent_t record_on(cudaStream_t s) {
 }
 // Pinned host blocks, cached like device blocks (without a size rounding:
 // offloaded values are few and large).
-struct HostPool {
+struct HostPool : Blocks {
   std::mutex m;
-  std::multimap<std::size_t, void*> free_blocks;
-  std::unordered_map<void*, std::size_t> live_blocks;
-  std::unordered_map<void*, cudaEvent_t> busy;
-  std::vector<Pending> pending;
 };
 HostPool& host_pool() {
   static HostPool p;
   return p;
-}
-void reclaim_host(HostPool& p, bool wait) {
-  auto keep = p.pending.begin();
-  for (auto& b : p.pending) {
-    cudaError_t e = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
-    if (e == cudaErrorNotReady) {
-      *keep++ = b;
-      continue;
-    }
-    if (e != cudaSuccess) cudaGetLastError();
-    cudaEventDestroy(b.done);
-    p.free_blocks.emplace(b.size, b.ptr);
-  }
-  p.pending.erase(keep, p.pending.end());
 }
 // Marks both ends of a queued copy busy until it completes (each with its
 // own event, recorded right after the copy on the copy stream); an end that
@@ -289,7 +288,7 @@ void mark_copy(int dev, cudaStream_t cs, void* dev_ptr, void* host_ptr) {
     Pool& p = pool(dev);
     cudaEvent_t e = record_on(cs);
     std::lock_guard<std::mutex> lock(p.m);
-    if (!mark_busy(p, dev_ptr, e)) {
+    if (!p.mark_busy(dev_ptr, e)) {
       cudaEventDestroy(e);
       ok = false;
     }
@@ -298,12 +297,9 @@ void mark_copy(int dev, cudaStream_t cs, void* dev_ptr, void* host_ptr) {
     HostPool& h = host_pool();
     cudaEvent_t e = record_on(cs);
     std::lock_guard<std::mutex> lock(h.m);
-    if (!h.live_blocks.count(host_ptr)) {
+    if (!h.mark_busy(host_ptr, e)) {
       cudaEventDestroy(e);
       ok = false;
-    } else if (auto [it, fresh] = h.busy.try_emplace(host_ptr, e); !fresh) {
-      cudaEventDestroy(it->second);
-      it->second = e;
     }
   }
   if (!ok) AD_CUDA_CHECK(cudaStreamSynchronize(cs));
@@ -334,18 +330,12 @@ void* host_alloc(std::size_t bytes) {
   HostPool& p = host_pool();
   std::size_t size = std::max<std::size_t>(bytes, 64);
   std::lock_guard<std::mutex> lock(p.m);
-  if (!p.pending.empty()) reclaim_host(p, false);
-  void* ptr = nullptr;
-  auto it = p.free_blocks.lower_bound(size);
-  if (it != p.free_blocks.end() && it->first <= 2 * size) {
-    size = it->first;
-    ptr = it->second;
-    p.free_blocks.erase(it);
-  } else {
+  void* ptr = p.take(size);
+  if (!ptr) {
     cudaError_t e = cudaMallocHost(&ptr, size);
     if (e != cudaSuccess) {  // return the cached blocks and retry once
       cudaGetLastError();
-      reclaim_host(p, true);
+      p.reclaim(true);
       for (auto& [sz, q] : p.free_blocks) cudaFreeHost(q);
       p.free_blocks.clear();
       e = cudaMallocHost(&ptr, size);
@@ -363,21 +353,13 @@ void* host_alloc(std::size_t bytes) {
 void host_free(void* ptr) noexcept {
   HostPool& p = host_pool();
   std::lock_guard<std::mutex> lock(p.m);
-  auto it = p.live_blocks.find(ptr);
-  if (it == p.live_blocks.end()) return;
-  if (auto b = p.busy.find(ptr); b != p.busy.end()) {
-    p.pending.push_back({it->second, ptr, b->second});
-    p.busy.erase(b);
-  } else {
-    p.free_blocks.emplace(it->second, ptr);
-  }
-  p.live_blocks.erase(it);
+  p.give_back(ptr);
 }
 
 void empty_host_cache() noexcept {
   HostPool& p = host_pool();
   std::lock_guard<std::mutex> lock(p.m);
-  reclaim_host(p, true);
+  p.reclaim(true);
   for (auto& [sz, q] : p.free_blocks) cudaFreeHost(q);
   p.free_blocks.clear();
 }
