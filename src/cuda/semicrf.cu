@@ -52,6 +52,40 @@
 namespace ad::cuda_k {
 
 namespace {
+// One lane (block) of either path: zero its parameter-gradient partials
+// (tr_size entries of dTr), then run its sequences b = lane, lane + lanes, ...
+// for the pass (logZ, marginals, or the backward with dS).
+template <class Q, class E> __device__ void run_lanes(Q& q, const Ctx<E>& X, i64 tr_size) {
+  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
+  const i64 C = X.C, T = X.T;
+  if (X.pass == kBackward) {
+    for (i64 i = q.tid; i < X.ke * C; i += kThreads) q.gD()[i] = 0;
+    for (i64 i = q.tid; i < tr_size; i += kThreads) q.gTr()[i] = 0;
+    for (i64 i = q.tid; i < C; i += kThreads) q.gP()[i] = 0;
+  }
+  for (i64 b = lane_id; b < X.B; b += lanes) {
+    __syncthreads();
+    q.L = X.L[b];
+    q.Sb = X.S + b * (T + 1) * C;
+    if (X.pass == kLogz) {
+      const double z = q.forward(q.ck(0), false, 0, -1);
+      if (q.tid == 0) X.out[b] = static_cast<E>(z);
+      continue;
+    }
+    if (X.pass == kMarginals) {
+      E* marg = X.out + b * T * C;
+      for (i64 i = q.L * C + q.tid; i < T * C; i += kThreads) marg[i] = E(0);
+      q.g = 1;
+      q.backward(false, nullptr, marg);
+      continue;
+    }
+    E* dS = X.out + b * (T + 1) * C;
+    for (i64 i = (q.L + 1) * C + q.tid; i < (T + 1) * C; i += kThreads) dS[i] = E(0);
+    q.g = static_cast<double>(X.dlogz[b]);
+    q.backward(true, dS, nullptr);
+  }
+}
+
 // ---- fast path: one sequence in one block ----
 template <class E> struct Fast {
   const Ctx<E>& X;
@@ -347,36 +381,8 @@ template <class E> struct Fast {
 
 template <class E> __global__ void __launch_bounds__(kThreads) fast_kernel(Ctx<E> X) {
   __shared__ double red[kWarps];
-  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
-  char* lb = X.ws + lane_id * X.Y.lane_bytes;
-  Fast<E> q(X, lb, red);
-  const i64 C = X.C, T = X.T;
-  if (X.pass == kBackward) {
-    for (i64 i = q.tid; i < X.ke * C; i += kThreads) q.gD()[i] = 0;
-    for (i64 i = q.tid; i < C * C; i += kThreads) q.gTr()[i] = 0;
-    for (i64 i = q.tid; i < C; i += kThreads) q.gP()[i] = 0;
-  }
-  for (i64 b = lane_id; b < X.B; b += lanes) {
-    __syncthreads();
-    q.L = X.L[b];
-    q.Sb = X.S + b * (T + 1) * C;
-    if (X.pass == kLogz) {
-      const double z = q.forward(q.ck(0), false, 0, -1);
-      if (q.tid == 0) X.out[b] = static_cast<E>(z);
-      continue;
-    }
-    if (X.pass == kMarginals) {
-      E* marg = X.out + b * T * C;
-      for (i64 i = q.L * C + q.tid; i < T * C; i += kThreads) marg[i] = E(0);
-      q.g = 1;
-      q.backward(false, nullptr, marg);
-      continue;
-    }
-    E* dS = X.out + b * (T + 1) * C;
-    for (i64 i = (q.L + 1) * C + q.tid; i < (T + 1) * C; i += kThreads) dS[i] = E(0);
-    q.g = static_cast<double>(X.dlogz[b]);
-    q.backward(true, dS, nullptr);
-  }
+  Fast<E> q(X, X.ws + static_cast<i64>(blockIdx.x) * X.Y.lane_bytes, red);
+  run_lanes(q, X, X.C * X.C);
 }
 
 // ---- general path (Tr (K, C, C)): f64 rings, row per slot ----
@@ -566,35 +572,8 @@ template <class E> struct Gen {
 };
 
 template <class E> __global__ void __launch_bounds__(kThreads) gen_kernel(Ctx<E> X) {
-  const i64 lane_id = blockIdx.x, lanes = gridDim.x;
-  Gen<E> q(X, X.ws + lane_id * X.Y.lane_bytes);
-  const i64 C = X.C, T = X.T;
-  if (X.pass == kBackward) {
-    for (i64 i = q.tid; i < X.ke * C; i += kThreads) q.gD()[i] = 0;
-    for (i64 i = q.tid; i < X.ke * C * C; i += kThreads) q.gTr()[i] = 0;
-    for (i64 i = q.tid; i < C; i += kThreads) q.gP()[i] = 0;
-  }
-  for (i64 b = lane_id; b < X.B; b += lanes) {
-    __syncthreads();
-    q.L = X.L[b];
-    q.Sb = X.S + b * (T + 1) * C;
-    if (X.pass == kLogz) {
-      const double z = q.forward(q.ck(0), false, 0, -1);
-      if (q.tid == 0) X.out[b] = static_cast<E>(z);
-      continue;
-    }
-    if (X.pass == kMarginals) {
-      E* marg = X.out + b * T * C;
-      for (i64 i = q.L * C + q.tid; i < T * C; i += kThreads) marg[i] = E(0);
-      q.g = 1;
-      q.backward(false, nullptr, marg);
-      continue;
-    }
-    E* dS = X.out + b * (T + 1) * C;
-    for (i64 i = (q.L + 1) * C + q.tid; i < (T + 1) * C; i += kThreads) dS[i] = E(0);
-    q.g = static_cast<double>(X.dlogz[b]);
-    q.backward(true, dS, nullptr);
-  }
+  Gen<E> q(X, X.ws + static_cast<i64>(blockIdx.x) * X.Y.lane_bytes);
+  run_lanes(q, X, X.ke * X.C * X.C);
 }
 
 // Parameter gradients: the lanes' f64 partial sums added in lane order, one
