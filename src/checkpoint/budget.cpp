@@ -6,8 +6,8 @@
 // uniform keep sets, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
 // memory levels from the lower bound up to the keep_all peak (on problems of
-// up to kSmallProblem nodes also with three more eviction scores and with the
-// loss computed last; see the variants in budget()), and, for
+// up to kSmallProblem nodes also with three more eviction scores and an
+// order that computes the loss last; see the variants in budget()), and, for
 // chain-shaped graphs, binomial (Revolve) schedules, with one forward node
 // per chain step and with steps grouped up to the values backward reads. The DTR ladder runs
 // twice: demanding the nodes in autodiff's order, and in a low-memory
@@ -309,9 +309,10 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   //  - three more eviction scores (bits of `score`): 1 = without staleness
   //    (cost / bytes), 2 = the cost of the value and of the absent values its
   //    recomputation needs (DTR's evicted neighbourhood), 3 = both;
-  //  - both orders with the targets (the loss) last: gradients read the
-  //    loss's inputs, not the loss, so its computation can wait until
-  //    backward no longer needs the memory.
+  //  - the low-memory order with the targets (the loss) last: gradients
+  //    read the loss's inputs, not the loss, so its computation can wait
+  //    until backward no longer needs the memory. (Autodiff's order with the
+  //    loss last added nothing against the oracle.)
   struct Variant {
     const std::vector<std::int32_t>* order;
     int score;
@@ -327,15 +328,12 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
       if (p.is_target(id)) o.push_back(id);
     return o;
   };
-  const std::vector<std::int32_t> targets_last = last_targets(p.order), low_targets_last = last_targets(low_memory);
+  const std::vector<std::int32_t> low_targets_last = last_targets(low_memory);
   std::vector<Variant> variants;
   for (int sc = 0; sc < (small ? 4 : 1); ++sc) {
     variants.push_back({&p.order, sc});
     variants.push_back({&low_memory, sc});
-    if (small) {
-      variants.push_back({&targets_last, sc});
-      variants.push_back({&low_targets_last, sc});
-    }
+    if (small) variants.push_back({&low_targets_last, sc});
   }
   for (int r = kRungs; r >= 0; --r) {
     double level = static_cast<double>(lb) * std::pow(static_cast<double>(top) / static_cast<double>(std::max<std::int64_t>(lb, 1)),
