@@ -342,18 +342,8 @@ template <class T> __global__ void resolvent_backward_kernel(i64 N, i64 K, const
 template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const T* up, const T* lo, const double* w, T* dd,
                                                         T* dup, T* dlo) {
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    double sa = 0, se = 0;
-    for (i64 k = 0; k < K; ++k) {
-      sa += w[4 * k * N + 2 * N + i];
-      if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
-    }
-    dd[i] = static_cast<T>(sa);
-    if (i + 1 < N) {
-      dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
-      dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
-    }
-  }
+       i += static_cast<i64>(gridDim.x) * blockDim.x)
+    semisep::resolvent_band_sums_row(i, N, K, w, up, lo, dd, dup, dlo);
 }
 
 // ---- semiseparable_solve (Woodbury) ----

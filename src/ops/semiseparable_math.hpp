@@ -107,6 +107,24 @@ AD_HD double resolvent_backward_sweep(std::int64_t N, const T* d, const T* up, c
   for (std::int64_t i = 0; i < N; ++i) sz += ab[i];
   return -sz;
 }
+// Row i of the resolvent backward's band gradients: the per-shift partials
+// in w (shift k: ab at w[4kN + 2N + i], eb at w[4kN + 3N + i]) summed over
+// the K shifts in order, in double; dd_i = sum ab, and with e_i = up_i lo_i,
+// dup_i = sum eb * lo_i, dlo_i = sum eb * up_i.
+template <class T>
+AD_HD void resolvent_band_sums_row(std::int64_t i, std::int64_t N, std::int64_t K, const double* w, const T* up,
+                                   const T* lo, T* dd, T* dup, T* dlo) {
+  double sa = 0, se = 0;
+  for (std::int64_t k = 0; k < K; ++k) {
+    sa += w[4 * k * N + 2 * N + i];
+    if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
+  }
+  dd[i] = static_cast<T>(sa);
+  if (i + 1 < N) {
+    dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
+    dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+  }
+}
 // Complex shifts: the same ratios in complex arithmetic with e real. e / w
 // for w = c + i d by Smith's method (no c^2 + d^2, so no overflow or
 // underflow for any finite w). With d = 0 the real part is exactly e / c,

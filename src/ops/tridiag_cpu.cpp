@@ -126,18 +126,7 @@ void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo,
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel::parallel_for(blocks, static_cast<double>(4 * N * K), [&](i64 t) {
     i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
-    for (i64 i = i0; i < i1; ++i) {
-      double sa = 0, se = 0;
-      for (i64 k = 0; k < K; ++k) {
-        sa += w[4 * k * N + 2 * N + i];
-        if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
-      }
-      dd[i] = static_cast<T>(sa);
-      if (i + 1 < N) {
-        dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
-        dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
-      }
-    }
+    for (i64 i = i0; i < i1; ++i) resolvent_band_sums_row(i, N, K, w, up, lo, dd, dup, dlo);
   });
 }
 
