@@ -89,7 +89,9 @@ ad::planner::Problem problem_of(const ad::Var& loss) {
 std::vector<OracleCase> oracle_compare(int budgets, bool quick, std::size_t max_states,
                                        std::vector<OracleGraphNote>* skipped) {
   std::vector<OracleCase> out;
+  const char* only = std::getenv("AD_ORACLE_ONLY");  // one graph, by name
   for (SmallGraph& sg : graphs(quick)) {
+    if (only && sg.name != only) continue;
     auto p = problem_of(sg.loss);
     // keep_all's gradients, the reference for the oracle's schedules
     ad::backward(sg.loss, ad::policy::keep_all());

@@ -360,6 +360,12 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
       }
     }
   }
+  // the exact tier (exact.cpp): on problems of up to 64 values, the points
+  // of the (recompute flops, peak) frontier that exact searches prove, each
+  // pruned by the fixed candidates above
+  std::vector<FixedPoint> fixed;
+  for (const auto& c : cands) fixed.push_back({c.s.recompute_flops, c.peak});
+  for (auto& s : exact_frontier(p, fixed, top, bytes, reuse)) add(std::move(s));
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.s.recompute_flops != b.s.recompute_flops) return a.s.recompute_flops < b.s.recompute_flops;
     if (a.peak != b.peak) return a.peak < b.peak;

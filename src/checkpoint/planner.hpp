@@ -104,6 +104,25 @@ void reuse_dying_inputs(const Problem& p, Schedule& s);
 
 // reuse: candidates' peaks count reuse_dying_inputs (as plan() applies it)
 Schedule budget(const Problem& p, std::int64_t bytes, bool reuse = true);
+
+// A candidate of budget()'s fixed list: its recompute flops and its peak.
+struct FixedPoint {
+  double cost;
+  std::int64_t peak;
+};
+// The exact tier's reach: values to compute (joint graph nodes without a
+// value), and states it may expand per plan and per min-cost search (about
+// 1-5 us each: a plan spends at most ~0.2-1 s there, once, as plans are cached).
+inline constexpr int kExactValues = 40;
+inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 50000;
+// budget()'s exact tier (exact.cpp): on problems of at most kExactValues
+// values to compute, the (recompute flops, peak) Pareto frontier swept
+// down from `top` (keep_all's peak) by exact searches, each pruned by the
+// cheapest fixed candidate that fits its level. Depends on the problem and
+// `fixed` only; `bytes` (the budget) only ends the sweep early where the rest
+// of it could not change the plan. Empty on other problems.
+std::vector<Schedule> exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top,
+                                     std::int64_t bytes, bool reuse);
 // Revolve on a chain; `grouped`: a step is a run of forward nodes ending at
 // one a gradient node reads (see chain.cpp), else one node per step.
 Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped = false);
