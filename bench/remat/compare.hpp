@@ -19,6 +19,9 @@ struct OracleCase {
   std::int64_t oracle_peak = 0, policy_peak = 0;
   std::size_t states = 0;          // states the oracle expanded
   double oracle_ms = 0;
+  double policy_ms = -1;           // the policy's planning time (the first budget of a graph plans from scratch)
+  bool first = false;              // the first budget planned for this graph
+  bool policy_proven = false;      // the policy's plan is proven cheapest (Schedule::proven_cheapest)
   std::string note;                // anomalies (a check that failed)
 };
 

@@ -46,6 +46,9 @@ struct Schedule {
   std::int64_t budget_bytes = 0;      // > 0: the executor never lets the step exceed this (policy::budget)
   std::int64_t offload_peak_bytes = 0;  // most bytes held offloaded in host memory at once
   std::string policy;                 // name of the policy that made it
+  // budget: no schedule whose peak fits the budget recomputes fewer flops
+  // (proven by the policy's exact search, on small problems)
+  bool proven_cheapest = false;
   double plan_ms = 0;
   bool from_cache = false;
 };
@@ -118,6 +121,7 @@ struct Report {
   std::int64_t evictions = 0;             // values the executor's budget guard evicted (0 when the plan is exact)
   std::int64_t offload_peak_bytes = 0;    // most bytes the step held offloaded in host memory at once
   std::int64_t steps = 0;
+  bool proven_cheapest = false;           // Schedule::proven_cheapest
   bool plan_cached = false;               // the plan came from the policy's cache
   double plan_ms = 0;
   double run_ms = 0;

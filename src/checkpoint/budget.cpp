@@ -262,7 +262,10 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   };
   std::vector<char> all(static_cast<std::size_t>(p.hi + 1), 1);
   add(keep_set(p, all));
-  if (cands[0].peak <= bytes) return std::move(cands[0].s);  // nothing cheaper than no recomputation
+  if (cands[0].peak <= bytes) {  // nothing is cheaper than no recomputation
+    cands[0].s.proven_cheapest = true;
+    return std::move(cands[0].s);
+  }
 
   // forward values that own memory, cheapest to recompute per byte first
   std::vector<std::int32_t> fs;
@@ -365,14 +368,18 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   // pruned by the fixed candidates above
   std::vector<FixedPoint> fixed;
   for (const auto& c : cands) fixed.push_back({c.s.recompute_flops, c.peak});
-  for (auto& s : exact_frontier(p, fixed, top, bytes, reuse)) add(std::move(s));
+  Frontier exact = exact_frontier(p, fixed, top, bytes, reuse);
+  for (auto& s : exact.schedules) add(std::move(s));
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.s.recompute_flops != b.s.recompute_flops) return a.s.recompute_flops < b.s.recompute_flops;
     if (a.peak != b.peak) return a.peak < b.peak;
     return a.index < b.index;
   });
   for (auto& c : cands)
-    if (c.peak <= bytes) return std::move(c.s);
+    if (c.peak <= bytes) {
+      c.s.proven_cheapest = c.s.recompute_flops == exact.proven_cost;
+      return std::move(c.s);
+    }
   std::int64_t best = cands[0].peak;
   for (const auto& c : cands) best = std::min(best, c.peak);
   // Second tier: DTR schedules at the levels a bisection for the least level
@@ -402,7 +409,10 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
     return a.index < b.index;
   });
   for (auto& c : low)
-    if (c.peak <= bytes) return std::move(c.s);
+    if (c.peak <= bytes) {
+      c.s.proven_cheapest = c.s.recompute_flops == exact.proven_cost;
+      return std::move(c.s);
+    }
   throw Error(fmt::format("budget: {} B is below the minimum feasible peak of {} B for this step "
                           "(its largest single step alone needs {} B)",
                           bytes, best, lb));

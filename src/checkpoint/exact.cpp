@@ -269,6 +269,7 @@ class Sweep {
     std::int64_t peak;    // simulated (with reuse_dying_inputs when the plan uses it)
     bool proven;          // the cheapest schedule whose peak fits the level it was searched at
     std::int32_t index;   // into schedules(), or -1: a fixed candidate (already in budget()'s list)
+    std::int64_t level;   // the level it was searched at
   };
   Sweep(const Problem& p, std::vector<FixedPoint> fixed, std::int64_t top)
       : search_(p), fixed_(std::move(fixed)), lb_(p.lower_bound()), level_(top - 1), done_(!search_.usable()) {}
@@ -289,12 +290,12 @@ class Sweep {
         // problem is beyond this tier's reach
         if (points_.empty() && r.status == Outcome::Status::gave_up) break;
       }
-      Point pt{0, 0, false, -1};
+      Point pt{0, 0, false, -1, level_};
       bool last = false;  // the least peak is proven: nothing fits below it
       if (r.status == Outcome::Status::found) {
         pt.proven = true;
       } else if (f) {  // none cheaper than the fixed candidate (proven), or gave up
-        pt = {f->cost, f->peak, r.status == Outcome::Status::none, -1};
+        pt = {f->cost, f->peak, r.status == Outcome::Status::none, -1, level_};
       } else if (r.status == Outcome::Status::none) {
         break;  // no schedule fits the level: the least peak is above it
       } else {
@@ -363,6 +364,10 @@ class SweepMemo {
     if (entries_.size() > kCapacity) entries_.pop_back();
     return entries_.front().second;
   }
+  void clear() {
+    std::lock_guard<std::mutex> lock(m_);
+    entries_.clear();
+  }
 
  private:
   static constexpr std::size_t kCapacity = 8;
@@ -370,29 +375,37 @@ class SweepMemo {
   std::list<std::pair<std::vector<std::uint64_t>, std::shared_ptr<Sweep>>> entries_;
 };
 
+SweepMemo& memo() {
+  static SweepMemo m;
+  return m;
+}
+
 }  // namespace
 
-std::vector<Schedule> exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top,
-                                     std::int64_t bytes, bool reuse) {
-  std::vector<Schedule> out;
+void clear_exact_sweeps() { memo().clear(); }
+
+Frontier exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top, std::int64_t bytes,
+                        bool reuse) {
+  Frontier out;
   if (p.order.size() > static_cast<std::size_t>(kExactValues)) return out;
-  static SweepMemo memo;
-  std::shared_ptr<Sweep> sweep = memo.get(p, fixed, top, reuse);
+  std::shared_ptr<Sweep> sweep = memo().get(p, fixed, top, reuse);
   std::lock_guard<std::mutex> lock(sweep->m);
-  Sweep::Point settled{0, 0, false, -1};  // a point at or under the budget, proven cheapest at its level
+  Sweep::Point settled{0, 0, false, -1, 0};  // a point at or under the budget, proven cheapest at its level
   for (std::size_t i = 0;; ++i) {
     if (i == sweep->points().size() && !sweep->next(p, reuse)) break;
     const Sweep::Point pt = sweep->points()[i];
     if (pt.index >= 0) {
-      out.push_back(sweep->schedule(pt.index));
-      out.back().sinks.clear();  // this plan's parameters
-      for (const auto& sk : p.sinks) out.back().sinks.push_back(sk.param);
+      out.schedules.push_back(sweep->schedule(pt.index));
+      out.schedules.back().sinks.clear();  // this plan's parameters
+      for (const auto& sk : p.sinks) out.schedules.back().sinks.push_back(sk.param);
     }
+    // proven cheapest at a level >= the budget: no schedule within the budget costs less
+    if (pt.proven && pt.level >= bytes) out.proven_cost = std::max(out.proven_cost, pt.cost);
     // settled: the previous point fits the budget and was proven cheapest at
     // its level, and this one (searched just under its peak) proves nothing
     // below costs as little
     if (settled.proven && pt.proven && pt.cost > settled.cost) break;
-    settled = pt.peak <= bytes ? pt : Sweep::Point{0, 0, false, -1};
+    settled = pt.peak <= bytes ? pt : Sweep::Point{0, 0, false, -1, 0};
   }
   return out;
 }

@@ -121,8 +121,15 @@ inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 5000
 // cheapest fixed candidate that fits its level. Depends on the problem and
 // `fixed` only; `bytes` (the budget) only ends the sweep early where the rest
 // of it could not change the plan. Empty on other problems.
-std::vector<Schedule> exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top,
-                                     std::int64_t bytes, bool reuse);
+struct Frontier {
+  std::vector<Schedule> schedules;  // the points found (fixed candidates are not repeated)
+  double proven_cost = -1;          // >= 0: no schedule within `bytes` recomputes less
+};
+Frontier exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top, std::int64_t bytes,
+                        bool reuse);
+// Forgets the sweeps exact_frontier keeps between plans (tests: a plan must
+// not depend on which budgets were planned before it).
+void clear_exact_sweeps();
 // Revolve on a chain; `grouped`: a step is a run of forward nodes ending at
 // one a gradient node reads (see chain.cpp), else one node per step.
 Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped = false);

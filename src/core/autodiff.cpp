@@ -132,6 +132,7 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
   r.recompute_flops = p->schedule.recompute_flops;
   r.steps = static_cast<std::int64_t>(p->schedule.steps.size());
   r.plan_cached = p->schedule.from_cache;
+  r.proven_cheapest = p->schedule.proven_cheapest;
   r.plan_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   r.run_ms = rs.run_ms;
   r.plan = std::move(p);

@@ -47,6 +47,7 @@ std::string to_string(const Report& r) {
                    r.policy, r.predicted_peak_bytes, mib(r.predicted_peak_bytes), r.measured_peak_bytes,
                    mib(r.measured_peak_bytes), r.kept_bytes, r.computed_nodes, r.recomputed_nodes, r.recompute_flops,
                    r.evictions, r.plan_ms, r.plan_cached ? " (cached)" : "", r.run_ms);
+  if (r.proven_cheapest) s += "\n\nno schedule within the budget recomputes less (proven by the exact search)";
   if (r.offload_peak_bytes > 0)
     s += fmt::format("\n\noffloaded to host memory: {} B ({:.2f} MiB) at most at once", r.offload_peak_bytes,
                      mib(r.offload_peak_bytes));

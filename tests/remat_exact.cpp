@@ -1,0 +1,173 @@
+// budget()'s exact tier (src/checkpoint/exact.cpp):
+//  - on bench_remat's small view-free DAGs, at every budget where its exact
+//    oracle (bench/remat/oracle.cpp, an independent search: lazy frees, no
+//    sweep) proves the optimum, the policy recomputes exactly as many flops,
+//    throws exactly where the oracle finds no schedule, and states the
+//    oracle's least peak as the minimum;
+//  - on the tests' random DAGs (views included, ~15-40 values): at every
+//    budget no keep-set schedule that fits recomputes less, the plan
+//    executes with predicted == measured <= budget and gradients bitwise
+//    equal to keep_all, and the peak never rises as the budget falls;
+//  - a plan does not depend on which budgets were planned before it (the
+//    sweep is resumed across plans).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "checkpoint/planner.hpp"
+#include "core/graph_impl.hpp"
+#include "models.hpp"
+#include "oracle.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using ad::test::RandomDag;
+
+constexpr std::int64_t kNodes = 24;  // forward nodes: joint graphs of ~15-40 values
+
+ad::Policy no_reuse(ad::Policy p) {
+  p.reuse_buffers = false;  // the exact search does not model buffer reuse: compare like with like
+  return p;
+}
+
+// (recompute flops, predicted peak) of a plan on a fresh build of graph `seed`
+struct Planned {
+  double recompute;
+  std::int64_t peak;
+  std::size_t steps;
+};
+Planned plan_of(std::uint64_t seed, const ad::Policy& pol) {
+  ad::Graph g;
+  RandomDag d = ad::test::random_dag(g, seed, kNodes);
+  ad::Plan pl = ad::plan_backward(d.loss, pol);
+  return {pl.schedule.recompute_flops, pl.schedule.predicted_peak_bytes, pl.schedule.steps.size()};
+}
+
+std::int64_t min_peak_of(std::uint64_t seed) {
+  try {
+    (void)plan_of(seed, no_reuse(ad::policy::budget(1)));
+  } catch (const ad::Error& e) {
+    return ad::test::remat::parse_min_peak(e.what());
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("remat: budget's exact tier matches the exact oracle on small DAGs") {
+  int budgets = 0, proven = 0, recomputing = 0, least_found = 0;
+  for (int ops : {4, 5, 6})
+    for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+      remat_bench::SmallGraph sg = remat_bench::random_dag(ops, 100 * static_cast<std::uint64_t>(ops) + seed);
+      CAPTURE(sg.name);
+      auto plan = [&](const ad::Policy& pol) {
+        for (const auto& prm : sg.params) prm.zero_grad();  // gradients written in place, as the oracle's problem has them
+        return ad::plan_backward(sg.loss, no_reuse(pol)).schedule;
+      };
+      const std::int64_t top = plan(ad::policy::keep_all()).predicted_peak_bytes;
+      ad::GraphImpl& g = *sg.loss.graph();
+      ad::planner::Problem p(g, {sg.loss.id()}, g.grad_cache.at(sg.loss.id()).sinks);
+      remat_bench::Oracle oracle(p);
+      remat_bench::OracleResult least = oracle.min_peak(2000000, top);
+      REQUIRE(least.status == remat_bench::OracleResult::Status::optimal);
+      std::int64_t stated = -1;
+      try {
+        (void)plan(ad::policy::budget(least.peak - 1));
+      } catch (const ad::Error& e) {
+        stated = ad::test::remat::parse_min_peak(e.what());
+      }
+      CHECK(stated >= least.peak);  // nothing fits one byte under the least peak
+      least_found += stated == least.peak;
+      for (int i = 0; i <= 5; ++i) {
+        const std::int64_t b = least.peak + (top - least.peak) * i / 5;
+        CAPTURE(b);
+        remat_bench::OracleResult best = oracle.min_cost(b, 2000000);
+        REQUIRE(best.status == remat_bench::OracleResult::Status::optimal);
+        ++budgets;
+        recomputing += best.recompute_flops > 0;
+        if (b < stated) continue;  // the policy states it cannot plan this one
+        ad::Schedule s = plan(ad::policy::budget(b));
+        CHECK(s.predicted_peak_bytes <= b);
+        CHECK(s.recompute_flops >= best.recompute_flops);  // the oracle's optimum is a lower bound
+        if (s.proven_cheapest) {  // and where the policy claims the optimum, it has it
+          CHECK(s.recompute_flops == best.recompute_flops);
+          ++proven;
+        }
+      }
+    }
+  MESSAGE(proven << " of " << budgets << " budgets proven cheapest (" << recomputing << " need recomputation); least peak found on "
+                 << least_found << " of 12 graphs");
+  CHECK(budgets == 72);
+  CHECK(recomputing > 20);
+  CHECK(proven >= 60);      // the tier's reach on graphs of this size (see docs/benchmarks.md for the full oracle set)
+  CHECK(least_found >= 10);
+}
+
+TEST_CASE("remat: budget's exact tier: no keep set that fits is cheaper; honest, bitwise, monotone") {
+  const std::vector<ad::Policy> keep_sets = {ad::policy::manual(), ad::policy::uniform(2), ad::policy::uniform(3),
+                                             ad::policy::sqrt_n(), ad::policy::selective(ad::save_matmuls)};
+  int compared = 0, recomputing = 0;
+  for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+    CAPTURE(seed);
+    ad::Graph g0;
+    RandomDag d0 = ad::test::random_dag(g0, seed, kNodes);
+    ad::test::remat::Outcome ref = ad::test::remat::run(g0, d0, no_reuse(ad::policy::keep_all()));
+    const std::int64_t top = ref.report.predicted_peak_bytes;
+    std::vector<Planned> ks;
+    for (const auto& k : keep_sets) ks.push_back(plan_of(seed, no_reuse(k)));
+    const std::int64_t lo = min_peak_of(seed);
+    REQUIRE(lo > 0);
+    REQUIRE(lo <= top);
+    std::int64_t last_peak = -1;
+    for (int i = 0; i <= 8; ++i) {
+      const std::int64_t b = top - (top - lo) * i / 8;
+      CAPTURE(b);
+      ad::Graph g;
+      RandomDag d = ad::test::random_dag(g, seed, kNodes);
+      ad::test::remat::Outcome o = ad::test::remat::run(g, d, no_reuse(ad::policy::budget(b)));
+      CHECK(o.report.predicted_peak_bytes == o.report.measured_peak_bytes);
+      CHECK(o.report.measured_peak_bytes <= b);
+      ad::test::check_bitwise(o.grads, ref.grads);
+      if (last_peak >= 0) CHECK(o.report.measured_peak_bytes <= last_peak);  // the budget fell
+      last_peak = o.report.measured_peak_bytes;
+      for (std::size_t k = 0; k < ks.size(); ++k)
+        if (ks[k].peak <= b) {
+          CAPTURE(k);
+          CHECK(o.report.recompute_flops <= ks[k].recompute);
+          ++compared;
+        }
+      recomputing += o.report.recompute_flops > 0;
+    }
+  }
+  CHECK(compared > 50);     // the comparison is not vacuous
+  MESSAGE("compared " << compared << " recomputing " << recomputing);
+  CHECK(recomputing > 20);  // nor are the budgets all loose
+}
+
+TEST_CASE("remat: budget's exact tier: a plan does not depend on the budgets planned before it") {
+  for (std::uint64_t seed : {3u, 7u, 11u}) {
+    CAPTURE(seed);
+    const std::int64_t top = plan_of(seed, no_reuse(ad::policy::keep_all())).peak;
+    ad::planner::clear_exact_sweeps();
+    const std::int64_t lo = min_peak_of(seed);
+    REQUIRE(lo > 0);
+    std::vector<std::int64_t> budgets;
+    for (int i = 0; i <= 6; ++i) budgets.push_back(top - (top - lo) * i / 6);
+    std::vector<Planned> down, up(budgets.size());
+    for (auto b : budgets) down.push_back(plan_of(seed, no_reuse(ad::policy::budget(b))));  // the sweep resumed budget by budget
+    for (std::size_t i = budgets.size(); i-- > 0;) {  // each plan from a fresh sweep, lowest budget first
+      ad::planner::clear_exact_sweeps();
+      up[i] = plan_of(seed, no_reuse(ad::policy::budget(budgets[i])));
+    }
+    for (std::size_t i = 0; i < budgets.size(); ++i) {
+      CAPTURE(budgets[i]);
+      CHECK(down[i].recompute == up[i].recompute);
+      CHECK(down[i].peak == up[i].peak);
+      CHECK(down[i].steps == up[i].steps);
+    }
+  }
+}
