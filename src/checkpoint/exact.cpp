@@ -127,21 +127,27 @@ class Search {
     std::priority_queue<Item, std::vector<Item>, decltype(later)> open(later);
     const double limit = below + base_;  // total flops to beat
     auto push = [&](Mask P, Mask D, double g, std::int64_t live, std::int64_t bn, std::uint32_t from, int via, Mask dropped) {
-      double h = heuristic(P, D);
-      if (g + h >= limit) return;
-      auto [it, fresh] = seen.try_emplace(Key{P, D}, static_cast<std::uint32_t>(st.size()));
-      if (!fresh) {
-        State& o = st[it->second];
+      std::uint32_t e;
+      double h;
+      if (auto it = seen.find(Key{P, D}); it != seen.end()) {  // a known state: its heuristic is known too
+        e = it->second;
+        State& o = st[e];
         const bool better = goal == Goal::lowest ? bn < o.bn || (bn == o.bn && g < o.g) : g < o.g || (g == o.g && bn < o.bn);
         if (o.closed || !better) return;
-        o = {P, D, g, live, bn, from, via, dropped, false};
+        h = o.h;
+        if (g + h >= limit) return;
+        o = {P, D, g, h, live, bn, from, via, dropped, false};
       } else {
-        st.push_back({P, D, g, live, bn, from, via, dropped, false});
+        h = heuristic(P, D);
+        if (g + h >= limit) return;
+        e = static_cast<std::uint32_t>(st.size());
+        seen.emplace(Key{P, D}, e);
+        st.push_back({P, D, g, h, live, bn, from, via, dropped, false});
       }
       const auto b = static_cast<double>(bn);
-      open.push(goal == Goal::cheapest ? Item{g + h, b, g, it->second}
-                : goal == Goal::quick  ? Item{g + 3 * h, b, g, it->second}
-                                       : Item{b, g + h, g, it->second});
+      open.push(goal == Goal::cheapest ? Item{g + h, b, g, e}
+                : goal == Goal::quick  ? Item{g + 3 * h, b, g, e}
+                                       : Item{b, g + h, g, e});
     };
     push(0, 0, 0, 0, 0, kNone, -1, 0);
     Outcome out;
@@ -199,7 +205,7 @@ class Search {
   };
   struct State {
     Mask P, D;
-    double g;
+    double g, h;     // flops so far; heuristic (a function of P and D)
     std::int64_t live, bn;
     std::uint32_t from;
     int via;         // value computed to reach this state (-1: the start)
