@@ -144,16 +144,19 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
   CHECK(msg.find("index i64[4]") != std::string::npos);
 }
 
-TEST_CASE("cuda: ops without a CUDA kernel say so") {
-  if (skip_without_gpu()) return;
-  // every core and layer op has a CUDA kernel except the complex resolvent
-  REQUIRE_MESSAGE(!op_def(OpId::tridiag_resolvent_diag_complex).cuda,
-                  "pick another op without a CUDA kernel for this test");
-  Device dev = Device::cuda(0);
-  Graph g;
-  Var y = tridiag_resolvent_diag_complex(g.input(Tensor::full({4}, 2.0).to(dev)), g.input(Tensor::zeros({3}).to(dev)),
-                                         g.input(Tensor::zeros({3}).to(dev)), g.input(Tensor::zeros({2, 2}).to(dev)));
-  CHECK_THROWS_WITH_AS(eval(y), doctest::Contains("tridiag_resolvent_diag_complex: no CUDA kernel"), Error);
+// Every op a graph can compute (one with a CPU kernel) has a CUDA kernel
+// too; the executor's "no CUDA kernel for this op yet" error is left for ops
+// added later. Dtype- and size-specific refusals are tested with their ops.
+TEST_CASE("cuda: every op with a CPU kernel has a CUDA kernel") {
+  if (!cuda::built()) {
+    std::printf("[ad-skip] this build has no CUDA backend\n");
+    return;
+  }
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpDef& def = op_def(static_cast<OpId>(i));
+    INFO(def.name);
+    if (def.cpu) CHECK(static_cast<bool>(def.cuda));
+  }
 }
 
 TEST_CASE("cuda: dropout draws the same mask as the CPU, bit for bit") {
@@ -327,7 +330,7 @@ double max_rel_to_max(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 // semiseparable_matvec (causal and not; r = 8 and r = 20, which takes two
-// register blocks of the state), tridiag_solve and tridiag_resolvent_diag at
+// register blocks of the state), tridiag_solve and tridiag_resolvent_diag (real and complex shifts) at
 // N in the thousands, several chunks with a partial last one: forward and
 // every gradient on the GPU against the CPU (f64 <= 1e-10, f32 <= 1e-5 of the
 // largest value), predicted == measured peak on the device.
@@ -362,6 +365,10 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                    {randn64({3000}, rng, 2.5), randn64({2999}, rng, 0, 0.7), randn64({2999}, rng, 0, 0.7),
                     uniform64({5}, rng, -0.5, 0.5)},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag(v[0], v[1], v[2], v[3]); }});
+  cases.push_back({OpId::tridiag_resolvent_diag_complex, "N 3000 z [4,2]",
+                   {randn64({3000}, rng, 2.5), randn64({2999}, rng, 0, 0.7), randn64({2999}, rng, 0, 0.7),
+                    uniform64({4, 2}, rng, -0.5, 0.5)},
+                   [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const GradCase& c = cases[k];
     for (DType t : {DType::f64, DType::f32}) {

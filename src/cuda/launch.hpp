@@ -196,6 +196,15 @@ void resolvent_diag(DType t, std::int64_t N, std::int64_t K, const void* d, cons
 // Its gradients; ws: 4 N K doubles.
 void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
                              const void* z, const void* dg, void* dd, void* dup, void* dlo, void* dz, double* ws);
+// The same for K complex shifts z (K, 2) = (re, im), out (K, N, 2); one
+// thread per shift; ws: 2 N K complex doubles (16 B each).
+void resolvent_diag_complex(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                            const void* z, void* out, void* ws);
+// Its gradients (dz (K, 2)); cw: 3 N K complex doubles (r, s, abar per
+// shift), ew: N K doubles (Re ebar per shift), both carved by the caller.
+void resolvent_diag_complex_backward(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up,
+                                     const void* lo, const void* z, const void* dg, void* dd, void* dup, void* dlo,
+                                     void* dz, void* cw, double* ew);
 
 }  // namespace ad::cuda_k
 

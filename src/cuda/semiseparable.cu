@@ -346,6 +346,43 @@ template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const T* u
     semisep::resolvent_band_sums_row(i, N, K, w, up, lo, dd, dup, dlo);
 }
 
+// ---- complex resolvent: one thread per shift, the CPU's recurrences (semiseparable_math.hpp) ----
+template <class T> __global__ void resolvent_complex_kernel(i64 N, i64 K, const T* d, const T* up, const T* lo,
+                                                            const T* z, T* out, semisep::Cplx* w) {
+  for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<i64>(gridDim.x) * blockDim.x) {
+    semisep::Cplx *r = w + 2 * k * N, *s = r + N;
+    const semisep::Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
+    semisep::resolvent_ratios_complex(N, d, up, lo, zk, r, s);
+    for (i64 i = 0; i < N; ++i) {
+      const semisep::Cplx G = semisep::resolvent_diag_complex(r[i], s[i], semisep::resolvent_shifted(d, i, zk));
+      out[2 * (k * N + i)] = static_cast<T>(G.re);
+      out[2 * (k * N + i) + 1] = static_cast<T>(G.im);
+    }
+  }
+}
+template <class T> __global__ void resolvent_complex_backward_kernel(i64 N, i64 K, const T* d, const T* up,
+                                                                     const T* lo, const T* z, const T* dg, T* dz,
+                                                                     semisep::Cplx* cw, double* ew) {
+  for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
+       k += static_cast<i64>(gridDim.x) * blockDim.x) {
+    semisep::Cplx *r = cw + 3 * k * N, *s = r + N, *ab = s + N;
+    const semisep::Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
+    semisep::resolvent_ratios_complex(N, d, up, lo, zk, r, s);
+    const semisep::Cplx sz =
+        semisep::resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + k * N);
+    dz[2 * k] = static_cast<T>(-sz.re);
+    dz[2 * k + 1] = static_cast<T>(sz.im);
+  }
+}
+template <class T> __global__ void resolvent_complex_sum_kernel(i64 N, i64 K, const T* up, const T* lo,
+                                                                const semisep::Cplx* cw, const double* ew, T* dd,
+                                                                T* dup, T* dlo) {
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
+       i += static_cast<i64>(gridDim.x) * blockDim.x)
+    semisep::resolvent_complex_band_sums_row(i, N, K, cw, ew, up, lo, dd, dup, dlo);
+}
+
 // ---- semiseparable_solve (Woodbury) ----
 // C = I + S (S = V^T Z, r x r) in double, then its LU with partial pivoting:
 // semisep::lu_factor, the very code the CPU runs. One thread: r is small (tens)
@@ -573,6 +610,39 @@ void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void
                                                               static_cast<const T*>(lo), ws, static_cast<T*>(dd),
                                                               static_cast<T*>(dup), static_cast<T*>(dlo));
     check_launch("tridiag_resolvent_diag_backward (sums over shifts)");
+  });
+}
+
+void resolvent_diag_complex(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up, const void* lo,
+                            const void* z, void* out, void* ws) {
+  if (N <= 0 || K <= 0) return;
+  by_type(t, [&](auto zz) {
+    using T = decltype(zz);
+    resolvent_complex_kernel<<<grid_for(K, kThreads), kThreads>>>(
+        N, K, static_cast<const T*>(d), static_cast<const T*>(up), static_cast<const T*>(lo),
+        static_cast<const T*>(z), static_cast<T*>(out), static_cast<semisep::Cplx*>(ws));
+  });
+  check_launch("tridiag_resolvent_diag_complex");
+}
+
+void resolvent_diag_complex_backward(DType t, std::int64_t N, std::int64_t K, const void* d, const void* up,
+                                     const void* lo, const void* z, const void* dg, void* dd, void* dup, void* dlo,
+                                     void* dz, void* cw, double* ew) {
+  if (N <= 0) return;
+  by_type(t, [&](auto zz) {
+    using T = decltype(zz);
+    auto* c = static_cast<semisep::Cplx*>(cw);
+    if (K > 0) {
+      resolvent_complex_backward_kernel<<<grid_for(K, kThreads), kThreads>>>(
+          N, K, static_cast<const T*>(d), static_cast<const T*>(up), static_cast<const T*>(lo),
+          static_cast<const T*>(z), static_cast<const T*>(dg), static_cast<T*>(dz), c, ew);
+      check_launch("tridiag_resolvent_diag_complex_backward");
+    }
+    resolvent_complex_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, static_cast<const T*>(up),
+                                                                      static_cast<const T*>(lo), c, ew,
+                                                                      static_cast<T*>(dd), static_cast<T*>(dup),
+                                                                      static_cast<T*>(dlo));
+    check_launch("tridiag_resolvent_diag_complex_backward (sums over shifts)");
   });
 }
 

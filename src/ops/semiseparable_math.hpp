@@ -145,6 +145,105 @@ AD_HD void resolvent_div_complex(double e, double c, double d, double& re, doubl
   }
 }
 
+// A complex number in double, for the complex resolvent's recurrences: the
+// CPU and the GPU run this code (no std::complex on the device). Products
+// and sums are the textbook formulas; division is Smith's method.
+struct Cplx {
+  double re, im;
+};
+AD_HD Cplx operator+(Cplx a, Cplx b) { return {a.re + b.re, a.im + b.im}; }
+AD_HD Cplx operator-(Cplx a, Cplx b) { return {a.re - b.re, a.im - b.im}; }
+AD_HD Cplx operator-(Cplx a) { return {-a.re, -a.im}; }
+AD_HD Cplx operator*(Cplx a, Cplx b) { return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re}; }
+AD_HD Cplx operator*(Cplx a, double e) { return {a.re * e, a.im * e}; }
+// e / w, e real (resolvent_div_complex)
+AD_HD Cplx div_real(double e, Cplx w) {
+  Cplx q;
+  resolvent_div_complex(e, w.re, w.im, q.re, q.im);
+  return q;
+}
+// a / w by Smith's method (w = 0: the real quotient's infinities, as the real op)
+AD_HD Cplx operator/(Cplx a, Cplx w) {
+  const double c = w.re, d = w.im;
+  if (c == 0 && d == 0) return {a.re / c, a.im / c};
+  if ((c < 0 ? -c : c) >= (d < 0 ? -d : d)) {
+    const double t = d / c, den = c + d * t;
+    return {(a.re + a.im * t) / den, (a.im - a.re * t) / den};
+  }
+  const double t = c / d, den = c * t + d;
+  return {(a.re * t + a.im) / den, (a.im * t - a.re) / den};
+}
+// a_i = d_i - z, complex; with Im z = 0 every real part below is the real op's value, bit for bit.
+template <class T> AD_HD Cplx resolvent_shifted(const T* d, std::int64_t i, Cplx z) {
+  return {static_cast<double>(d[i]) - z.re, -z.im};
+}
+// Both ratio sweeps of one complex shift z: r_i = a_i - e_{i-1} / r_{i-1},
+// s_i = a_i - e_i / s_{i+1} (e_i = up_i lo_i real).
+template <class T>
+AD_HD void resolvent_ratios_complex(std::int64_t N, const T* d, const T* up, const T* lo, Cplx z, Cplx* r, Cplx* s) {
+  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+  r[0] = resolvent_shifted(d, 0, z);
+  for (std::int64_t i = 1; i < N; ++i) r[i] = resolvent_shifted(d, i, z) - div_real(e(i - 1), r[i - 1]);
+  s[N - 1] = resolvent_shifted(d, N - 1, z);
+  for (std::int64_t i = N - 2; i >= 0; --i) s[i] = resolvent_shifted(d, i, z) - div_real(e(i), s[i + 1]);
+}
+// G_ii = 1 / (r_i + s_i - a_i)
+AD_HD Cplx resolvent_diag_complex(Cplx r, Cplx s, Cplx a) { return div_real(1.0, r + s - a); }
+// The real op's reverse sweeps (resolvent_backward_sweep) in complex
+// arithmetic. Every map from (a, e) to G is holomorphic, so with the
+// cotangent Gbar = dL/dRe G - i dL/dIm G (dg holds (re, im) pairs) the chain
+// rule needs no conjugates. For a real input x entering through w,
+// dL/dx = Re(wbar dw/dx): ab (complex) holds abar, eb (real) Re ebar.
+// Returns sum_i abar_i; a_i = d_i - x - i y gives dL/dx = -Re of it,
+// dL/dy = Im of it.
+template <class T>
+AD_HD Cplx resolvent_backward_sweep_complex(std::int64_t N, const T* d, const T* up, const T* lo, Cplx z, const T* dg,
+                                            const Cplx* r, const Cplx* s, Cplx* ab, double* eb) {
+  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+  auto dbar = [&](std::int64_t i) {
+    const Cplx G = resolvent_diag_complex(r[i], s[i], resolvent_shifted(d, i, z));
+    const Cplx gbar{static_cast<double>(dg[2 * i]), -static_cast<double>(dg[2 * i + 1])};
+    return -(gbar * G * G);
+  };
+  for (std::int64_t i = 0; i < N; ++i) {
+    ab[i] = -dbar(i);
+    eb[i] = 0;
+  }
+  Cplx rb{0, 0};
+  for (std::int64_t i = N - 1; i >= 0; --i) {
+    rb = dbar(i) + (i + 1 < N ? (rb * e(i)) / (r[i] * r[i]) : Cplx{0, 0});
+    ab[i] = ab[i] + rb;
+    if (i >= 1) eb[i - 1] -= (rb / r[i - 1]).re;
+  }
+  Cplx sb{0, 0};
+  for (std::int64_t i = 0; i < N; ++i) {
+    sb = dbar(i) + (i >= 1 ? (sb * e(i - 1)) / (s[i] * s[i]) : Cplx{0, 0});
+    ab[i] = ab[i] + sb;
+    if (i + 1 < N) eb[i] -= (sb / s[i + 1]).re;
+  }
+  Cplx sz{0, 0};
+  for (std::int64_t i = 0; i < N; ++i) sz = sz + ab[i];
+  return sz;
+}
+// Row i of the complex resolvent backward's band gradients: per shift k,
+// abar at cw[3kN + 2N + i] and Re ebar at ew[kN + i], summed over the K
+// shifts in order, in double (dd_i = sum Re abar; dup_i = sum eb * lo_i,
+// dlo_i = sum eb * up_i).
+template <class T>
+AD_HD void resolvent_complex_band_sums_row(std::int64_t i, std::int64_t N, std::int64_t K, const Cplx* cw,
+                                           const double* ew, const T* up, const T* lo, T* dd, T* dup, T* dlo) {
+  double sa = 0, se = 0;
+  for (std::int64_t k = 0; k < K; ++k) {
+    sa += cw[3 * k * N + 2 * N + i].re;
+    if (i + 1 < N) se += ew[k * N + i];
+  }
+  dd[i] = static_cast<T>(sa);
+  if (i + 1 < N) {
+    dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
+    dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+  }
+}
+
 // ---- the Woodbury capacitance system (semiseparable_solve) ----
 // LU with partial pivoting of the r x r matrix a (row-major, double), in
 // place: the first largest |a[i][k]| of rows i >= k is the pivot, piv[k] its

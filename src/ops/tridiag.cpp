@@ -237,6 +237,10 @@ void tridiag_resolvent_diag_complex_cpu(const KernelArgs& k) {
                                        k.out.data<T>(), k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_resolvent_diag_complex_cuda(const KernelArgs& k) {
+  cuda_k::resolvent_diag_complex(k.out.dtype(), k[0].shape()[0], complex_shifts(k[3].shape()), k[0].raw(), k[1].raw(),
+                                 k[2].raw(), k[3].raw(), k.out.raw(), k.workspace);
+})
 void tridiag_resolvent_diag_complex_bwd(BackwardArgs& a) {
   Var buf = make_node(OpId::tridiag_resolvent_diag_complex_backward, {a.in[0], a.in[1], a.in[2], a.in[3], a.dout});
   i64 N = a.in[0].shape()[0];
@@ -247,7 +251,7 @@ void tridiag_resolvent_diag_complex_bwd(BackwardArgs& a) {
 const OpDef op_def_tridiag_resolvent_diag_complex{
     .name = "tridiag_resolvent_diag_complex", .args = "t_diag,t_upper,t_lower,z", .arity = 4,
     .infer = infer_tridiag_resolvent_diag_complex, .cpu = tridiag_resolvent_diag_complex_cpu,
-    .backward = tridiag_resolvent_diag_complex_bwd,
+    .cuda = AD_CUDA_FN(tridiag_resolvent_diag_complex_cuda), .backward = tridiag_resolvent_diag_complex_bwd,
     .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3),
     .flops = [](const InferArgs&, const Meta& out) { return 20.0 * static_cast<double>(out.shape.numel()); },
     .workspace = [](const InferArgs& a, const Meta&) {
@@ -281,9 +285,21 @@ void tridiag_resolvent_diag_complex_backward_cpu(const KernelArgs& k) {
                                                 o + 3 * N - 2, k.workspace);
   });
 }
+AD_CUDA_ONLY(void tridiag_resolvent_diag_complex_backward_cuda(const KernelArgs& k) {
+  i64 N = k[0].shape()[0], K = complex_shifts(k[3].shape());
+  char* o = static_cast<char*>(k.out.raw());
+  const auto es = static_cast<i64>(dtype_size(k.out.dtype()));
+  semisep::Carve cv{static_cast<char*>(k.workspace)};  // the CPU's layout
+  semisep::Cplx* cw = cv.take<semisep::Cplx>(3 * N * K);
+  double* ew = cv.take<double>(N * K);
+  cuda_k::resolvent_diag_complex_backward(k.out.dtype(), N, K, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(),
+                                          k[4].raw(), o, o + N * es, o + (2 * N - 1) * es, o + (3 * N - 2) * es, cw,
+                                          ew);
+})
 const OpDef op_def_tridiag_resolvent_diag_complex_backward{
     .name = "tridiag_resolvent_diag_complex_backward", .args = "t_diag,t_upper,t_lower,z,dg", .arity = 5,
     .infer = infer_tridiag_resolvent_diag_complex_backward, .cpu = tridiag_resolvent_diag_complex_backward_cpu,
+    .cuda = AD_CUDA_FN(tridiag_resolvent_diag_complex_backward_cuda),
     .no_grad = "double backward is not supported",
     .flops = [](const InferArgs& a, const Meta&) { return 60.0 * static_cast<double>(a[4].shape.numel()); },
     .workspace = [](const InferArgs& a, const Meta&) {

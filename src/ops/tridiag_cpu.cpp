@@ -1,7 +1,6 @@
 // CPU kernels: tridiagonal solve (Thomas) and its gradient, the resolvent
 // diagonal through ratio recurrences and its gradient.
 #include <cmath>
-#include <complex>
 #include <utility>
 
 #include <fmt/format.h>
@@ -130,117 +129,55 @@ void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo,
   });
 }
 
-// ---- tridiag_resolvent_diag_complex ----
-namespace {
-using cplx = std::complex<double>;
-cplx div_real(double e, cplx w) {
-  double re, im;
-  resolvent_div_complex(e, w.real(), w.imag(), re, im);
-  return {re, im};
-}
-// a_i = d_i - z, complex; with Im z = 0 every real part below is the real op's value, bit for bit.
-template <class T> cplx shifted(const T* d, i64 i, cplx z) {
-  return {static_cast<double>(d[i]) - z.real(), -z.imag()};
-}
-// r_i = a_i - e_{i-1} / r_{i-1}, s_i = a_i - e_i / s_{i+1} in complex arithmetic (e_i real).
-template <class T> void ratios_complex(i64 N, const T* d, const T* up, const T* lo, cplx z, cplx* r, cplx* s) {
-  auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
-  r[0] = shifted(d, 0, z);
-  for (i64 i = 1; i < N; ++i) r[i] = shifted(d, i, z) - div_real(e(i - 1), r[i - 1]);
-  s[N - 1] = shifted(d, N - 1, z);
-  for (i64 i = N - 2; i >= 0; --i) s[i] = shifted(d, i, z) - div_real(e(i), s[i + 1]);
-}
-// G_ii = 1 / (r_i + s_i - a_i)
-cplx resolvent_g(cplx r, cplx s, cplx a) { return div_real(1.0, r + s - a); }
-}  // namespace
-
+// ---- tridiag_resolvent_diag_complex ----  (the per-shift math: semiseparable_math.hpp, shared with CUDA)
 std::size_t resolvent_complex_ws_bytes(i64 N, i64 K) {
   Carve c;
-  c.take<cplx>(2 * N * K);
+  c.take<Cplx>(2 * N * K);
   return c.bytes;
 }
 
 template <class T>
 void resolvent_diag_complex(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z, T* out, void* ws) {
-  auto* w = static_cast<cplx*>(ws);
+  auto* w = static_cast<Cplx*>(ws);
   parallel::parallel_for(K, 40.0 * static_cast<double>(N * K), [&](i64 k) {
-    cplx *r = w + 2 * k * N, *s = r + N;
-    cplx zk(static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1]));
-    ratios_complex(N, d, up, lo, zk, r, s);
+    Cplx *r = w + 2 * k * N, *s = r + N;
+    const Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
+    resolvent_ratios_complex(N, d, up, lo, zk, r, s);
     T* o = out + 2 * k * N;
     for (i64 i = 0; i < N; ++i) {
-      cplx G = resolvent_g(r[i], s[i], shifted(d, i, zk));
-      o[2 * i] = static_cast<T>(G.real());
-      o[2 * i + 1] = static_cast<T>(G.imag());
+      const Cplx G = semisep::resolvent_diag_complex(r[i], s[i], resolvent_shifted(d, i, zk));
+      o[2 * i] = static_cast<T>(G.re);
+      o[2 * i + 1] = static_cast<T>(G.im);
     }
   });
 }
 
 std::size_t resolvent_complex_backward_ws_bytes(i64 N, i64 K) {
   Carve c;
-  c.take<cplx>(3 * N * K);
+  c.take<Cplx>(3 * N * K);
   c.take<double>(N * K);
   return c.bytes;
 }
 
-// The real op's reverse sweeps in complex arithmetic. Every map from (a, e)
-// to G is holomorphic, so with the cotangent Gbar = dL/dRe G - i dL/dIm G
-// the chain rule needs no conjugates: Dbar_i = -Gbar_i G_i^2, rbar, sbar,
-// abar, ebar as in resolvent_diag_backward. For a real input x entering
-// through w, dL/dx = Re(wbar dw/dx): dd_i = Re abar_i, de_i = Re ebar_i;
-// a_i = d_i - x - i y gives dL/dx = -Re sum abar, dL/dy = Im sum abar.
 template <class T>
 void resolvent_diag_complex_backward(i64 N, i64 K, const T* d, const T* up, const T* lo, const T* z, const T* dg,
                                      T* dd, T* dup, T* dlo, T* dz, void* ws) {
   Carve cv{static_cast<char*>(ws)};
-  cplx* cw = cv.take<cplx>(3 * N * K);   // per shift: r, s, abar
+  Cplx* cw = cv.take<Cplx>(3 * N * K);    // per shift: r, s, abar
   double* ew = cv.take<double>(N * K);   // per shift: Re ebar
   parallel::parallel_for(K, 120.0 * static_cast<double>(N * K), [&](i64 k) {
-    cplx *r = cw + 3 * k * N, *s = r + N, *ab = s + N;
-    double* eb = ew + k * N;
-    cplx zk(static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1]));
-    ratios_complex(N, d, up, lo, zk, r, s);
-    auto e = [&](i64 i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
-    const T* gk = dg + 2 * k * N;
-    auto dbar = [&](i64 i) {
-      cplx G = resolvent_g(r[i], s[i], shifted(d, i, zk));
-      cplx gbar(static_cast<double>(gk[2 * i]), -static_cast<double>(gk[2 * i + 1]));
-      return -gbar * G * G;
-    };
-    for (i64 i = 0; i < N; ++i) { ab[i] = -dbar(i); eb[i] = 0; }
-    cplx rb = 0;
-    for (i64 i = N - 1; i >= 0; --i) {
-      rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : cplx(0));
-      ab[i] += rb;
-      if (i >= 1) eb[i - 1] -= (rb / r[i - 1]).real();
-    }
-    cplx sb = 0;
-    for (i64 i = 0; i < N; ++i) {
-      sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : cplx(0));
-      ab[i] += sb;
-      if (i + 1 < N) eb[i] -= (sb / s[i + 1]).real();
-    }
-    cplx sz = 0;
-    for (i64 i = 0; i < N; ++i) sz += ab[i];
-    dz[2 * k] = static_cast<T>(-sz.real());
-    dz[2 * k + 1] = static_cast<T>(sz.imag());
+    Cplx *r = cw + 3 * k * N, *s = r + N, *ab = s + N;
+    const Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
+    resolvent_ratios_complex(N, d, up, lo, zk, r, s);
+    const Cplx sz = resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + k * N);
+    dz[2 * k] = static_cast<T>(-sz.re);
+    dz[2 * k + 1] = static_cast<T>(sz.im);
   });
   // sum over shifts in order
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel::parallel_for(blocks, static_cast<double>(4 * N * K), [&](i64 t) {
     i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
-    for (i64 i = i0; i < i1; ++i) {
-      double sa = 0, se = 0;
-      for (i64 k = 0; k < K; ++k) {
-        sa += cw[3 * k * N + 2 * N + i].real();
-        if (i + 1 < N) se += ew[k * N + i];
-      }
-      dd[i] = static_cast<T>(sa);
-      if (i + 1 < N) {
-        dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
-        dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
-      }
-    }
+    for (i64 i = i0; i < i1; ++i) resolvent_complex_band_sums_row(i, N, K, cw, ew, up, lo, dd, dup, dlo);
   });
 }
 
