@@ -22,15 +22,8 @@ using ad::Var;
 using ad::test::RandomDag;
 using ad::test::remat::Outcome;
 
-// Under AddressSanitizer (about 10x slower) fewer graphs: that run looks for
-// memory errors; the Release run covers all 200.
-#if defined(__SANITIZE_ADDRESS__)
-#define AD_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AD_TEST_SANITIZED 1
-#endif
-#endif
+// Under AddressSanitizer fewer graphs: that run looks for memory errors; the
+// Release run covers all 200.
 #ifdef AD_TEST_SANITIZED
 constexpr std::uint64_t kGraphs = 80;
 #else

@@ -26,16 +26,6 @@
 
 namespace {
 
-// Under AddressSanitizer (about 10x slower) the oracle comparison is left to
-// the Release run: its oracle searches alone would take minutes there.
-#if defined(__SANITIZE_ADDRESS__)
-#define AD_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AD_TEST_SANITIZED 1
-#endif
-#endif
-
 using ad::test::RandomDag;
 
 constexpr std::int64_t kNodes = 24;  // forward nodes: joint graphs of ~15-40 values
@@ -70,7 +60,7 @@ std::int64_t min_peak_of(std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("remat: budget's exact tier matches the exact oracle on small DAGs") {
-#ifdef AD_TEST_SANITIZED
+#ifdef AD_TEST_SANITIZED  // its oracle searches alone would take minutes there
   std::printf("[ad-skip] the oracle comparison runs in the Release build (minutes under AddressSanitizer)\n");
   return;
 #endif

@@ -18,6 +18,16 @@
 #include "ad/ad.hpp"
 #include "core/graph_impl.hpp"
 
+// AD_TEST_SANITIZED: built with AddressSanitizer (about 10x slower), where
+// the heaviest tests run a smaller sample.
+#if defined(__SANITIZE_ADDRESS__)
+#define AD_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define AD_TEST_SANITIZED 1
+#endif
+#endif
+
 namespace ad::test {
 
 // ---- random tensors (f64 unless said otherwise) ----
