@@ -112,7 +112,7 @@ TEST_CASE("remat: budget's exact tier matches the exact oracle on small DAGs") {
   CHECK(least_found >= 10);
 }
 
-TEST_CASE("remat: budget's exact tier: no keep set that fits is cheaper; honest, bitwise, monotone") {
+TEST_CASE("remat: budget's exact tier: no keep set that fits is cheaper, plans honest, bitwise and monotone") {
   const std::vector<ad::Policy> keep_sets = {ad::policy::manual(), ad::policy::uniform(2), ad::policy::uniform(3),
                                              ad::policy::sqrt_n(), ad::policy::selective(ad::save_matmuls)};
   int compared = 0, recomputing = 0;
