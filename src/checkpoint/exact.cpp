@@ -323,6 +323,7 @@ class Sweep {
         pt.peak = simulate_peak(p.g, r.s);
         if (pt.peak > level_) break;  // the search's memory model disagrees: keep only what is simulated
         pt.index = static_cast<std::int32_t>(schedules_.size());
+        r.s.sinks.clear();  // kept past this plan: no hold on the user's parameters (each plan sets its own)
         schedules_.push_back(std::move(r.s));
       }
       points_.push_back(pt);
