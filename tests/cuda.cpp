@@ -327,6 +327,22 @@ double max_rel_to_max(const Tensor& a, const Tensor& b) {
   }
   return worst / std::max(scale, 1e-300);
 }
+// One case on the GPU against the CPU: output and every gradient within
+// 1e-10 (f64) or 1e-5 (f32) of the largest value, predicted == measured peak
+// on the device; grads >= 0: the number of gradients both must have.
+void check_gpu_matches_cpu(const GradCase& c, DType t, std::uint64_t seed, std::ptrdiff_t grads = -1) {
+  Run cpu = run_case(c, Device::cpu(), t, seed), gpu_run = run_case(c, Device::cuda(0), t, seed);
+  REQUIRE(gpu_run.covered);
+  REQUIRE(gpu_run.grads.size() == cpu.grads.size());
+  if (grads >= 0) REQUIRE(cpu.grads.size() == static_cast<std::size_t>(grads));
+  const double tol = t == DType::f64 ? 1e-10 : 1e-5;
+  CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
+  for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+    INFO("gradient of input " << i);
+    CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
+  }
+  CHECK(gpu_run.measured == gpu_run.predicted);
+}
 }  // namespace
 
 // semiseparable_matvec (causal and not; r = 8 and r = 20, which takes two
@@ -373,16 +389,7 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
     const GradCase& c = cases[k];
     for (DType t : {DType::f64, DType::f32}) {
       INFO(fmt::format("{} {} {}", op_name(c.op), c.label, dtype_name(t)));
-      Run cpu = run_case(c, Device::cpu(), t, 700 + k), gpu_run = run_case(c, Device::cuda(0), t, 700 + k);
-      REQUIRE(gpu_run.covered);
-      REQUIRE(gpu_run.grads.size() == cpu.grads.size());
-      const double tol = t == DType::f64 ? 1e-10 : 1e-5;
-      CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
-      for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
-        INFO("gradient of input " << i);
-        CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
-      }
-      CHECK(gpu_run.measured == gpu_run.predicted);
+      check_gpu_matches_cpu(c, t, 700 + k);
     }
   }
 }
@@ -444,17 +451,7 @@ TEST_CASE("cuda: semiseparable_solve matches the CPU, forward and every gradient
                }};
     for (DType t : {DType::f64, DType::f32}) {
       INFO(fmt::format("{} {}", c.label, dtype_name(t)));
-      Run cpu = run_case(c, Device::cpu(), t, 800 + k), gpu_run = run_case(c, Device::cuda(0), t, 800 + k);
-      REQUIRE(gpu_run.covered);
-      REQUIRE(gpu_run.grads.size() == 6);
-      REQUIRE(cpu.grads.size() == 6);
-      const double tol = t == DType::f64 ? 1e-10 : 1e-5;
-      CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
-      for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
-        INFO("gradient of input " << i);
-        CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
-      }
-      CHECK(gpu_run.measured == gpu_run.predicted);
+      check_gpu_matches_cpu(c, t, 800 + k, 6);
     }
   }
 }
