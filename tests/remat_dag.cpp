@@ -69,7 +69,7 @@ std::optional<Outcome> run_budget(std::uint64_t seed, std::int64_t bytes, std::i
   try {
     return run(seed, ad::policy::budget(bytes));
   } catch (const ad::Error& e) {
-    min_peak = ad::test::remat::parse_min_peak(e.what());
+    min_peak = ad::test::remat::parse_min_peak(e);
     INFO(e.what());
     CHECK(min_peak > bytes);
     return std::nullopt;

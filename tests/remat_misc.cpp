@@ -71,7 +71,7 @@ std::int64_t min_budget(const Var& loss) {
   try {
     ad::plan_backward(loss, ad::policy::budget(1));
   } catch (const ad::Error& e) {
-    return ad::test::remat::parse_min_peak(e.what());
+    return ad::test::remat::parse_min_peak(e);
   }
   return -1;
 }

@@ -411,16 +411,19 @@ inline Outcome run(Graph& g, const RandomDag& d, const Policy& pol) {
   return o;
 }
 
-// The number after "minimum feasible peak of " in a budget error message (-1 if absent).
-inline std::int64_t parse_min_peak(const std::string& msg) {
-  const std::string key = "minimum feasible peak of ";
-  auto at = msg.find(key);
-  if (at == std::string::npos) return -1;
-  std::size_t i = at + key.size();
-  if (i >= msg.size() || msg[i] < '0' || msg[i] > '9') return -1;
-  std::int64_t v = 0;
-  for (; i < msg.size() && msg[i] >= '0' && msg[i] <= '9'; ++i) v = v * 10 + (msg[i] - '0');
-  return v;
+// The least peak a budget error states (-1 if it is not an ad::BudgetError).
+// Its message must name the same figure, and the budget it failed.
+inline std::int64_t parse_min_peak(const ad::Error& e) {
+  const auto* be = dynamic_cast<const ad::BudgetError*>(&e);
+  if (!be) return -1;
+  const std::string msg = e.what();
+  const bool names_least = msg.find(", " + std::to_string(be->least_peak) + " B") != std::string::npos ||
+                           msg.find("of " + std::to_string(be->least_peak) + " B") != std::string::npos;
+  const bool names_budget = msg.find(std::to_string(be->budget) + " B is below") != std::string::npos;
+  CHECK_MESSAGE(names_least, msg);
+  CHECK_MESSAGE(names_budget, msg);
+  CHECK(be->least_peak > be->budget);
+  return be->least_peak;
 }
 
 // Whether the nodes the loss depends on form a chain: ordered by id, each

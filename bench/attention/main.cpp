@@ -128,15 +128,8 @@ MemRow memory_row(std::int64_t n, const Options& o) {
         r.comp_meas = rep.measured_peak_bytes;
         r.comp_status = "ran";
       }
-    } catch (const ad::Error& e) {
-      std::string msg = e.what();
-      auto at = msg.find("minimum feasible peak of ");
-      std::string need;
-      if (at != std::string::npos) {
-        std::int64_t v = std::atoll(msg.c_str() + at + 25);
-        need = fmt::format(" (needs >= {} MiB)", mib(double(v)));
-      }
-      r.comp_status = "over budget" + need;
+    } catch (const ad::BudgetError& e) {
+      r.comp_status = fmt::format("over budget (plans from {} MiB)", mib(double(e.least_peak)));
     }
   }
   return r;

@@ -19,7 +19,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -69,11 +68,10 @@ double sum_flops(const ad::planner::Problem& p, const std::vector<std::int32_t>&
   for (auto id : ids) f += p.flops[static_cast<std::size_t>(id)];
   return f;
 }
-// "... minimum feasible peak of N B ..." -> N, or -1
-std::int64_t parse_minimum(const std::string& msg) {
-  std::smatch m;
-  static const std::regex re("minimum feasible peak of ([0-9]+) B");
-  return std::regex_search(msg, m, re) ? std::stoll(m[1].str()) : -1;
+// the least peak a budget error states, or -1
+std::int64_t parse_minimum(const ad::Error& e) {
+  const auto* be = dynamic_cast<const ad::BudgetError*>(&e);
+  return be ? be->least_peak : -1;
 }
 
 // ---- 1. every policy on a model ----
@@ -246,7 +244,7 @@ Sweep budget_sweep(const rb::Mlp& m, int points, int rounds) {
     try {
       ad::plan_backward(loss, ad::policy::budget(0));
     } catch (const ad::Error& e) {
-      sw.minimum = parse_minimum(e.what());
+      sw.minimum = parse_minimum(e);
     }
   }
   if (sw.minimum < 0) return sw;

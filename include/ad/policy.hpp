@@ -69,8 +69,9 @@ Policy sqrt_n();
 // checkpoint policies); see save_matmuls().
 Policy selective(KeepFn keep);
 // The cheapest schedule (by recompute flops) whose peak fits in `bytes`.
-// backward() throws ad::Error stating the minimum feasible budget when it
-// cannot fit. The measured peak never exceeds `bytes`.
+// backward() throws ad::BudgetError (an ad::Error) stating the least peak it
+// can plan, and whether that is proven to be the minimum, when it cannot
+// fit. The measured peak never exceeds `bytes`.
 Policy budget(std::int64_t bytes);
 // For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
 // Walther) with `slots` snapshots (counting the one holding the input);

@@ -413,9 +413,20 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
       c.s.proven_cheapest = c.s.recompute_flops == exact.proven_cost;
       return std::move(c.s);
     }
-  throw Error(fmt::format("budget: {} B is below the minimum feasible peak of {} B for this step "
-                          "(its largest single step alone needs {} B)",
-                          bytes, best, lb));
+  // Proven minimal: a schedule reaches the largest single step's bytes, or
+  // the exact tier's sweep proved nothing fits below its last point. Both
+  // hold in the model without buffer reuse only (reuse can lower a step).
+  const bool proven = !reuse && (best == lb || (exact.least_proven && best == exact.least));
+  if (proven)
+    throw BudgetError(fmt::format("budget: {} B is below the minimum feasible peak of {} B for this step "
+                                  "(proven: no schedule has a lower peak; its largest single step alone needs {} B)",
+                                  bytes, best, lb),
+                      bytes, best, lb, true);
+  throw BudgetError(fmt::format("budget: {} B is below the least peak of any schedule the planner finds for this "
+                                "step, {} B (every budget from there up plans; not proven minimal: its largest "
+                                "single step alone needs {} B)",
+                                bytes, best, lb),
+                    bytes, best, lb, false);
 }
 
 }  // namespace ad::planner

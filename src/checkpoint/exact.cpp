@@ -281,6 +281,10 @@ class Sweep {
       : search_(p), fixed_(std::move(fixed)), lb_(p.lower_bound()), level_(top - 1), done_(!search_.usable()) {}
   std::mutex m;
   const std::vector<Point>& points() const { return points_; }
+  // over, and its last level proved nothing fits below it: the least peak
+  // of any schedule is level + 1
+  bool least_proven() const { return done_ && least_proven_; }
+  std::int64_t least() const { return level_ + 1; }
   const Schedule& schedule(std::int32_t i) const { return schedules_[static_cast<std::size_t>(i)]; }
 
   // Appends the next point; false when the sweep is over.
@@ -303,7 +307,8 @@ class Sweep {
       } else if (f) {  // none cheaper than the fixed candidate (proven), or gave up
         pt = {f->cost, f->peak, r.status == Outcome::Status::none, -1, level_};
       } else if (r.status == Outcome::Status::none) {
-        break;  // no schedule fits the level: the least peak is above it
+        least_proven_ = true;  // no schedule fits the level: the least peak is just above it
+        break;
       } else {
         // below every fixed candidate and out of reach of a min-cost search:
         // a cheap schedule that fits, else the one with the least peak of all
@@ -329,6 +334,7 @@ class Sweep {
       points_.push_back(pt);
       level_ = pt.peak - 1;
       done_ = last;
+      least_proven_ = last;
       return true;
     }
     done_ = true;
@@ -348,7 +354,8 @@ class Sweep {
   std::vector<FixedPoint> fixed_;
   std::int64_t lb_, level_;
   std::size_t left_ = kExactStates;
-  bool cheapest_ = true;  // min-cost searches; after one gives up below every fixed candidate, feasibility only
+  bool cheapest_ = true;
+  bool least_proven_ = false;  // min-cost searches; after one gives up below every fixed candidate, feasibility only
   bool done_;
   std::vector<Point> points_;
   std::vector<Schedule> schedules_;
@@ -413,6 +420,10 @@ Frontier exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, 
     // below costs as little
     if (settled.proven && pt.proven && pt.cost > settled.cost) break;
     settled = pt.peak <= bytes ? pt : Sweep::Point{0, 0, false, -1, 0};
+  }
+  if (sweep->least_proven()) {
+    out.least_proven = true;
+    out.least = sweep->least();
   }
   return out;
 }

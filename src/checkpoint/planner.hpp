@@ -124,6 +124,10 @@ inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 5000
 struct Frontier {
   std::vector<Schedule> schedules;  // the points found (fixed candidates are not repeated)
   double proven_cost = -1;          // >= 0: no schedule within `bytes` recomputes less
+  // the sweep ran to its end and proved its last point's peak the least of
+  // any schedule (in the search's model: without buffer reuse)
+  bool least_proven = false;
+  std::int64_t least = -1;
 };
 Frontier exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top, std::int64_t bytes,
                         bool reuse);
