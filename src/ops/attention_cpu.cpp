@@ -19,6 +19,7 @@
 #include "core/vec.hpp"
 #include "ad/dtype.hpp"
 #include "ops/attention_math.hpp"
+#include "ops/parallel.hpp"
 
 namespace ad::attn {
 
@@ -144,14 +145,9 @@ template <class F> void run_units(std::int64_t units, int threads, F&& f) {
     return;
   }
   std::atomic<std::int64_t> next{0};
-  auto work = [&](int t) {
+  parallel::team(threads, [&](int t) {
     for (std::int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) f(u, t);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(threads - 1));
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (auto& th : pool) th.join();
+  });
 }
 
 // Per-thread scratch, in elements, rounded up to 64 bytes.

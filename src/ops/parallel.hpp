@@ -1,11 +1,13 @@
 #pragma once
-// Internal: a plain std::thread parallel loop for CPU kernels. Each task
-// index writes its own outputs and every reduction a kernel does runs in a
-// fixed order, so results are the same bits for any thread count.
+// Internal: parallel loops for CPU kernels over a pool of persistent worker
+// threads (parallel.cpp). Each task index writes its own outputs and every
+// reduction a kernel does runs in a fixed order, so results are the same
+// bits for any thread count.
 #include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ad::parallel {
@@ -13,6 +15,41 @@ namespace ad::parallel {
 inline int max_threads() {
   unsigned h = std::thread::hardware_concurrency();
   return h ? static_cast<int>(std::min(h, 64u)) : 1;
+}
+
+// Runs fn(ctx, w) for w in [0, n) on n threads at once (w = 0 on the
+// calling thread) and returns when all are done. The threads come from a
+// pool started on first use and kept (no thread start per call); when the
+// pool is busy (another thread's team, or a call from inside a task) or too
+// small, fresh threads are started for this call instead. Either way the n
+// tasks run concurrently, which teams that meet at barriers rely on. fn must
+// not throw (team() below catches for it).
+void run_team(int n, void (*fn)(void*, int), void* ctx);
+
+// f(w) for w in [0, n) on n concurrent threads; an exception thrown by f is
+// rethrown here (the one from the lowest w when several throw).
+template <class F> void team(int n, F&& f) {
+  if (n <= 1) {
+    f(0);
+    return;
+  }
+  struct Ctx {
+    std::remove_reference_t<F>* f;
+    std::vector<std::exception_ptr> err;
+  } ctx{&f, std::vector<std::exception_ptr>(static_cast<std::size_t>(n))};
+  run_team(
+      n,
+      [](void* c, int w) {
+        auto* x = static_cast<Ctx*>(c);
+        try {
+          (*x->f)(w);
+        } catch (...) {
+          x->err[static_cast<std::size_t>(w)] = std::current_exception();
+        }
+      },
+      &ctx);
+  for (auto& e : ctx.err)
+    if (e) std::rethrow_exception(e);
 }
 
 // Runs f(i) for i in [0, n), splitting [0, n) into contiguous ranges over up
@@ -28,22 +65,10 @@ template <class F> void parallel_for(std::int64_t n, double work, F&& f) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
   }
-  std::vector<std::exception_ptr> err(static_cast<std::size_t>(t));
-  auto run = [&](std::int64_t w) {
+  team(static_cast<int>(t), [&](int w) {
     std::int64_t lo = n * w / t, hi = n * (w + 1) / t;
-    try {
-      for (std::int64_t i = lo; i < hi; ++i) f(i);
-    } catch (...) {
-      err[static_cast<std::size_t>(w)] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> th;
-  th.reserve(static_cast<std::size_t>(t - 1));
-  for (std::int64_t w = 1; w < t; ++w) th.emplace_back(run, w);
-  run(0);
-  for (auto& x : th) x.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+    for (std::int64_t i = lo; i < hi; ++i) f(i);
+  });
 }
 
 }  // namespace ad::parallel

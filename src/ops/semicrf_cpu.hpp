@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ad/dtype.hpp"
+#include "ops/parallel.hpp"
 
 namespace ad::semicrf {
 
@@ -83,13 +84,9 @@ class Barrier {
   std::atomic<int> count_{0};
   std::atomic<int> gen_{0};
 };
-// Runs f(tid) on n threads (tid 0 on the caller) and joins them.
-template <class F> void run_threads(int n, F&& f) {
-  std::vector<std::thread> ts;
-  for (int i = 1; i < n; ++i) ts.emplace_back([&f, i] { f(i); });
-  f(0);
-  for (auto& t : ts) t.join();
-}
+// Runs f(tid) on n concurrent threads (tid 0 on the caller; the others from
+// the kernel thread pool) and returns when all are done.
+template <class F> void run_threads(int n, F&& f) { parallel::team(n, f); }
 // Waits (spin, then yield) until `ticket` equals `mine`.
 void wait_ticket(const std::atomic<std::int64_t>& ticket, std::int64_t mine);
 // Byte offsets of a pass's workspace: shared part, then one part per lane

@@ -1,0 +1,149 @@
+// The worker pool behind parallel::run_team (see parallel.hpp).
+//
+// One team runs at a time. The caller publishes (fn, ctx, n) under a mutex,
+// bumps a generation counter and wakes the workers; worker k < n runs task
+// k, the caller runs task 0, and the last to finish wakes the caller.
+// Workers spin briefly on the generation before they sleep, so a kernel
+// that launches many short teams back to back (one per group of rows, say)
+// does not pay a wake-up for each. A call that finds the pool busy or too
+// small starts its own threads, as every call did before the pool.
+#include "ops/parallel.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ad::parallel {
+
+namespace {
+
+thread_local bool t_in_pool_task = false;
+
+void spawn_team(int n, void (*fn)(void*, int), void* ctx) {
+  std::vector<std::thread> th;
+  th.reserve(static_cast<std::size_t>(n - 1));
+  for (int w = 1; w < n; ++w) th.emplace_back([=] {
+    t_in_pool_task = true;
+    fn(ctx, w);
+  });
+  fn(ctx, 0);
+  for (auto& x : th) x.join();
+}
+
+void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+class Pool {
+ public:
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  void run(int n, void (*fn)(void*, int), void* ctx) {
+    bool expected = false;
+    if (t_in_pool_task || n - 1 > max_workers() || !busy_.compare_exchange_strong(expected, true)) {
+      spawn_team(n, fn, ctx);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      while (static_cast<int>(workers_.size()) < n - 1) {
+        const int id = static_cast<int>(workers_.size()) + 1;
+        workers_.emplace_back([this, id] { loop(id); });
+      }
+      fn_ = fn;
+      ctx_ = ctx;
+      n_ = n;
+      left_.store(n - 1, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    t_in_pool_task = true;  // a team started from task 0 gets its own threads
+    fn(ctx, 0);
+    t_in_pool_task = false;
+    for (int i = 0; i < kSpins && left_.load(std::memory_order_acquire) > 0; ++i) relax();
+    if (left_.load(std::memory_order_acquire) > 0) {
+      std::unique_lock<std::mutex> lk(m_);
+      done_.wait(lk, [&] { return left_.load(std::memory_order_acquire) == 0; });
+    }
+    busy_.store(false, std::memory_order_release);
+  }
+
+ private:
+  static constexpr int kSpins = 1 << 12;  // some 10-200 us of pause instructions, by CPU
+  static int max_workers() { return max_threads() - 1; }
+
+  void loop(int id) {
+    t_in_pool_task = true;
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::uint64_t g = gen_.load(std::memory_order_acquire);
+      for (int i = 0; i < kSpins && g == seen; ++i) {
+        relax();
+        g = gen_.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+      }
+      void (*fn)(void*, int);
+      void* ctx;
+      int n;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        if (stop_) return;
+        seen = gen_.load(std::memory_order_acquire);
+        fn = fn_;
+        ctx = ctx_;
+        n = n_;
+      }
+      if (id >= n) continue;
+      fn(ctx, id);
+      if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(m_);  // the caller checks left_ under m_ before it sleeps
+        done_.notify_one();
+      }
+    }
+  }
+
+  std::atomic<bool> busy_{false};
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  std::atomic<std::uint64_t> gen_{0};
+  std::atomic<int> left_{0};
+  void (*fn_)(void*, int) = nullptr;
+  void* ctx_ = nullptr;
+  int n_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+void run_team(int n, void (*fn)(void*, int), void* ctx) {
+  if (n <= 1) {
+    fn(ctx, 0);
+    return;
+  }
+  pool().run(n, fn, ctx);
+}
+
+}  // namespace ad::parallel

@@ -1,0 +1,101 @@
+// The kernel thread pool (src/ops/parallel.*): every task runs once, the
+// tasks of a team run concurrently (kernels that meet at barriers rely on
+// it), nested and concurrent teams work, exceptions come back to the caller.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "ops/parallel.hpp"
+
+namespace {
+
+// All n tasks arrive before any leaves; false if that takes over 20 s (the
+// tasks did not run at once) instead of hanging the test.
+bool meet(std::atomic<int>& arrived, int n) {
+  arrived.fetch_add(1);
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (arrived.load() < n)
+    if (std::chrono::steady_clock::now() > end) return false;
+  return true;
+}
+
+// A team of n that checks concurrency and counts each task.
+void check_team(int n) {
+  std::vector<std::atomic<int>> runs(static_cast<std::size_t>(n));
+  std::atomic<int> arrived{0}, met{0};
+  ad::parallel::team(n, [&](int w) {
+    runs[static_cast<std::size_t>(w)].fetch_add(1);
+    met += meet(arrived, n);
+  });
+  CHECK(met.load() == n);
+  for (int w = 0; w < n; ++w) CHECK(runs[static_cast<std::size_t>(w)].load() == 1);
+}
+
+}  // namespace
+
+TEST_CASE("parallel: a team's tasks each run once and run at the same time") {
+  const int hw = ad::parallel::max_threads();
+  for (int n : {2, 3, hw, hw + 2}) {  // beyond the pool's size: threads of its own
+    CAPTURE(n);
+    check_team(n);
+  }
+}
+
+TEST_CASE("parallel: many short teams in a row (the pool's hand-off)") {
+  std::vector<int> hits(1000, 0);
+  for (int rep = 0; rep < 2000; ++rep) {
+    const std::int64_t n = 1 + rep % 997;
+    ad::parallel::parallel_for(n, 1e9, [&](std::int64_t i) { hits[static_cast<std::size_t>(i)] += 1; });
+  }
+  long total = 0;
+  for (int h : hits) total += h;
+  long expect = 0;
+  for (int rep = 0; rep < 2000; ++rep) expect += 1 + rep % 997;
+  CHECK(total == expect);
+  CHECK(hits[0] == 2000);
+}
+
+TEST_CASE("parallel: a team started from inside a task, and teams from two threads at once") {
+  std::atomic<int> inner_met{0};
+  ad::parallel::team(2, [&](int) {
+    std::atomic<int> arrived{0};
+    std::atomic<int> ok{0};
+    ad::parallel::team(2, [&](int) { ok += meet(arrived, 2); });
+    inner_met += ok.load() == 2;
+  });
+  CHECK(inner_met.load() == 2);
+
+  std::atomic<int> done{0};
+  auto user = [&] {
+    for (int rep = 0; rep < 200; ++rep) {
+      std::atomic<int> arrived{0}, ok{0};
+      ad::parallel::team(2, [&](int) { ok += meet(arrived, 2); });
+      done += ok.load() == 2;
+    }
+  };
+  std::thread a(user), b(user);
+  a.join();
+  b.join();
+  CHECK(done.load() == 400);
+}
+
+TEST_CASE("parallel: an exception in a task reaches the caller (the lowest task's)") {
+  auto throwing = [](int w) {
+    if (w >= 1) throw std::runtime_error("task " + std::to_string(w));
+  };
+  try {
+    ad::parallel::team(3, throwing);
+    FAIL("no exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "task 1");
+  }
+  check_team(2);  // the pool still works afterwards
+  CHECK_THROWS_AS(ad::parallel::parallel_for(100, 1e9, [](std::int64_t i) {
+                    if (i == 99) throw std::out_of_range("last");
+                  }),
+                  std::out_of_range);
+}
