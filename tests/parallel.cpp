@@ -3,6 +3,11 @@
 // it), nested and concurrent teams work, exceptions come back to the caller.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -98,4 +103,32 @@ TEST_CASE("parallel: an exception in a task reaches the caller (the lowest task'
                     if (i == 99) throw std::out_of_range("last");
                   }),
                   std::out_of_range);
+}
+
+TEST_CASE("parallel: teams still run in a child process after fork()") {
+  check_team(2);  // the pool's workers exist in this process
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // child: no workers; a team must start its own threads
+    std::atomic<int> arrived{0}, ok{0};
+    ad::parallel::team(2, [&](int) { ok += meet(arrived, 2); });
+    std::int64_t sum = 0;
+    std::vector<std::int64_t> v(1000, 0);
+    ad::parallel::parallel_for(1000, 1e9, [&](std::int64_t i) { v[static_cast<std::size_t>(i)] = i; });
+    for (auto x : v) sum += x;
+    _exit(ok.load() == 2 && sum == 999 * 1000 / 2 ? 0 : 1);
+  }
+  int status = -1;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pid_t r = 0;
+  while ((r = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (r == 0) {  // hung: the child waited on workers it does not have
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL("the child process hung in a team");
+  }
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  check_team(2);  // and the parent's pool still works
 }

@@ -6,8 +6,12 @@
 // Workers spin briefly on the generation before they sleep, so a kernel
 // that launches many short teams back to back (one per group of rows, say)
 // does not pay a wake-up for each. A call that finds the pool busy or too
-// small starts its own threads, as every call did before the pool.
+// small starts its own threads, as every call did before the pool. A child
+// process made by fork() has none of its parent's workers: there the pool
+// is never used, and every team starts its own threads.
 #include "ops/parallel.hpp"
+
+#include <pthread.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -20,6 +24,7 @@ namespace ad::parallel {
 namespace {
 
 thread_local bool t_in_pool_task = false;
+std::atomic<bool> g_forked{false};  // set in a child of fork(): the pool's workers are not there
 
 void spawn_team(int n, void (*fn)(void*, int), void* ctx) {
   std::vector<std::thread> th;
@@ -42,7 +47,12 @@ void relax() {
 
 class Pool {
  public:
+  Pool() { pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); }); }
   ~Pool() {
+    if (g_forked.load()) {  // the workers' threads are the parent's: nothing to stop or join
+      new std::vector<std::thread>(std::move(workers_));  // left alone (joinable threads may not be destroyed)
+      return;
+    }
     {
       std::lock_guard<std::mutex> lk(m_);
       stop_ = true;
@@ -54,7 +64,8 @@ class Pool {
 
   void run(int n, void (*fn)(void*, int), void* ctx) {
     bool expected = false;
-    if (t_in_pool_task || n - 1 > max_workers() || !busy_.compare_exchange_strong(expected, true)) {
+    if (t_in_pool_task || g_forked.load(std::memory_order_relaxed) || n - 1 > max_workers() ||
+        !busy_.compare_exchange_strong(expected, true)) {
       spawn_team(n, fn, ctx);
       return;
     }
