@@ -354,8 +354,8 @@ class Sweep {
   std::vector<FixedPoint> fixed_;
   std::int64_t lb_, level_;
   std::size_t left_ = kExactStates;
-  bool cheapest_ = true;
-  bool least_proven_ = false;  // min-cost searches; after one gives up below every fixed candidate, feasibility only
+  bool cheapest_ = true;  // min-cost searches; after one gives up below every fixed candidate, feasibility only
+  bool least_proven_ = false;  // the last search proved nothing fits below the last point
   bool done_;
   std::vector<Point> points_;
   std::vector<Schedule> schedules_;

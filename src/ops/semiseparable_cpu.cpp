@@ -153,7 +153,11 @@ template <int VB, Sweep mode, class T, class RowA, class RowB>
 AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                 RowA& arow, RowB& brow) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+#if defined(__x86_64__) || defined(__i386__)
   static const bool wide = __builtin_cpu_supports("avx512f");
+#else
+  constexpr bool wide = false;
+#endif
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       if (VB == 64 && wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers
