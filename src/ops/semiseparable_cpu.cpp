@@ -20,12 +20,16 @@ namespace ad::semisep {
 namespace {
 using i64 = std::int64_t;
 
-// Hot f32 tasks are compiled for AVX-512, AVX2 and baseline x86-64 and picked
-// at load time (target_clones, core/vec.hpp; the row helpers are force-inlined
-// into each clone). The AVX clones may fuse a*b+c into FMA, so bits can
-// differ between machines of different ISA; on one machine they are fixed
-// (and independent of the thread count).
-#define AD_SIMD_CLONES AD_TARGET_CLONES("avx512f", "avx2", "default")
+// Hot f32 tasks are compiled for x86-64-v4 (AVX-512 with VL), x86-64-v3
+// (AVX2 + FMA) and baseline x86-64 and picked at load time (target_clones,
+// core/vec.hpp; the row helpers are force-inlined into each clone). Plain
+// "avx512f" / "avx2" targets would leave out FMA for 16- and 32-byte vectors
+// (and the upper 16 registers at those widths): the rows of du and dv at
+// small r, and the last columns of any D, then ran as separate multiplies and
+// adds. The AVX clones fuse a*b+c into FMA, so bits can differ between
+// machines of different ISA; on one machine they are fixed (and independent
+// of the thread count).
+#define AD_SIMD_CLONES AD_TARGET_CLONES("arch=x86-64-v4", "arch=x86-64-v3", "default")
 #define AD_ALWAYS_INLINE __attribute__((always_inline)) inline
 
 // y[:] += sum_k w[k] S[k, :] (sums over k in order). 64-byte blocks of y are
@@ -154,13 +158,14 @@ AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i6
                                 RowA& arow, RowB& brow) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool wide = __builtin_cpu_supports("avx512f");
+  // as the x86-64-v4 clone requires (clang 14 knows no "x86-64-v4" here)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 #else
   constexpr bool wide = false;
 #endif
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
-      if (VB == 64 && wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers
+      if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
         sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow);
         k0 += 8;
         continue;
@@ -296,15 +301,12 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const Ba
   const MatvecGrads<T>& g = tk.g;
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
   const i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L), n = i1 - i0;
-  for (i64 i = i0; i < i1; ++i) {
-    if (g.dd) g.dd[i] = T(0);
-    if (i + 1 < N && g.dup) g.dup[i] = T(0);
-    if (i + 1 < N && g.dlo) g.dlo[i] = T(0);
-    for (i64 k = 0; k < r; ++k) {
-      if (g.du) g.du[i * r + k] = T(0);
-      if (g.dv) g.dv[i * r + k] = T(0);
-    }
-  }
+  const i64 band_end = std::min(i1, N - 1);  // dup, dlo have N - 1 rows
+  if (g.dd) std::fill(g.dd + i0, g.dd + i1, T(0));
+  if (g.dup && i0 < band_end) std::fill(g.dup + i0, g.dup + band_end, T(0));
+  if (g.dlo && i0 < band_end) std::fill(g.dlo + i0, g.dlo + band_end, T(0));
+  if (g.du) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
+  if (g.dv) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
   // U, V rows of this chunk in the compute type (row t = row i0 + t)
   const T *Uc = nullptr, *Vc = nullptr;
   std::vector<T> ubuf, vbuf;
