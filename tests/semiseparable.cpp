@@ -4,12 +4,16 @@
 // precision; misuse.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "ops/semiseparable_cpu.hpp"
 #include "test_util.hpp"
 
 using namespace ad;
@@ -223,6 +227,75 @@ TEST_CASE("semiseparable_matvec causal at N = 300000 (several cache groups) matc
     }
   }
   CHECK(worst < 1e-10);
+}
+
+namespace {
+// Every output of the matvec kernels and their backward (full and causal),
+// run at the kernel level with U, V stored as UV; returned concatenated.
+template <class T, class UV> std::vector<T> matvec_kernel_outputs(i64 B, i64 N, i64 D, i64 r) {
+  using namespace ad::semisep;
+  std::vector<T> x(static_cast<std::size_t>(B * N * D)), dy(x.size()), d(static_cast<std::size_t>(N)), up(d.size()),
+      lo(d.size());
+  std::vector<UV> u(static_cast<std::size_t>(N * r)), v(u.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)));
+    dy[i] = static_cast<T>(std::cos(0.11 * static_cast<double>(i)));
+  }
+  for (i64 i = 0; i < N; ++i) {
+    d[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(static_cast<double>(i)));
+    up[static_cast<std::size_t>(i)] = static_cast<T>(0.1 * std::sin(2.0 * static_cast<double>(i)));
+    lo[static_cast<std::size_t>(i)] = static_cast<T>(0.2 * std::cos(3.0 * static_cast<double>(i)));
+  }
+  for (std::size_t i = 0; i < u.size(); ++i) {
+    auto put = [](double a) {
+      if constexpr (std::is_same_v<UV, Bf16>) return Bf16{f32_to_bf16(static_cast<float>(a))};
+      else return static_cast<UV>(a);
+    };
+    u[i] = put(0.1 * std::sin(1.3 * static_cast<double>(i)));
+    v[i] = put(0.1 * std::cos(0.7 * static_cast<double>(i)));
+  }
+  Dims dm = make_dims(B, N, D, r, 0);
+  std::vector<char> ws(std::max(matvec_ws_bytes(dm, sizeof(T)), matvec_backward_ws_bytes(dm, sizeof(T))) + 64);
+  std::vector<T> out;
+  for (bool causal : {false, true}) {
+    std::vector<T> y(x.size()), dx(x.size(), T(7)), dd(d.size(), T(7)), dup(d.size(), T(7)), dlo(d.size(), T(7)),
+        du(u.size(), T(7)), dv(u.size(), T(7));
+    matvec(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(), y.data(), ws.data());
+    MatvecGrads<T> g{dx.data(), dd.data(), dup.data(), dlo.data(), du.data(), dv.data()};
+    matvec_backward(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(), dy.data(), g,
+                    ws.data());
+    for (const auto* a : {&y, &dx, &dd, &dup, &dlo, &du, &dv}) out.insert(out.end(), a->begin(), a->end());
+  }
+  return out;
+}
+template <class T, class UV> void check_streamed_same_bits(i64 B, i64 N, i64 D, i64 r) {
+  INFO("B " << B << " N " << N << " D " << D << " r " << r << " T " << sizeof(T) << " UV " << sizeof(UV));
+  const std::size_t keep = ad::semisep::stream_min_bytes();
+  ad::semisep::set_stream_min_bytes(std::size_t{1} << 62);  // stores through the cache
+  std::vector<T> cached = matvec_kernel_outputs<T, UV>(B, N, D, r);
+  ad::semisep::set_stream_min_bytes(1);  // every aligned output streamed
+  std::vector<T> streamed = matvec_kernel_outputs<T, UV>(B, N, D, r);
+  ad::semisep::set_stream_min_bytes(keep);
+  REQUIRE(cached.size() == streamed.size());
+  i64 differ = 0;
+  for (std::size_t i = 0; i < cached.size(); ++i)
+    if (std::memcmp(&cached[i], &streamed[i], sizeof(T)) != 0) ++differ;
+  CHECK(differ == 0);
+  CHECK(std::all_of(cached.begin(), cached.end(), [](T e) { return std::isfinite(static_cast<double>(e)); }));
+}
+}  // namespace
+
+TEST_CASE("semiseparable kernels: rows written with streaming stores are the same bits as through the cache") {
+  // aligned rows (streamed): D = 16 / 32, r = 4, 16, 24; unaligned rows (not
+  // streamed) alongside: D = 13, r = 7; several chunks, B > 1 (du, dv sum over b)
+  check_streamed_same_bits<float, float>(2, 3001, 16, 4);
+  check_streamed_same_bits<float, float>(1, 2500, 16, 16);
+  check_streamed_same_bits<float, float>(1, 2100, 32, 24);
+  check_streamed_same_bits<float, float>(2, 1999, 13, 7);
+  check_streamed_same_bits<float, float>(3, 1500, 16, 7);
+  check_streamed_same_bits<float, ad::semisep::Bf16>(2, 2000, 16, 8);
+  check_streamed_same_bits<double, double>(2, 1800, 16, 4);
+  check_streamed_same_bits<double, double>(1, 1200, 5, 3);
 }
 
 TEST_CASE("semiseparable_matvec mixed precision: bf16/f16 U, V with f32 products") {

@@ -3,6 +3,7 @@
 #include "ops/semiseparable_cpu.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -14,6 +15,14 @@
 #include "core/graph_impl.hpp"
 #include "core/vec.hpp"
 #include "ops/parallel.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h>
+#define AD_STREAM_STORES 1
+#else
+#define AD_STREAM_STORES 0
+#endif
+#include <unistd.h>
 
 namespace ad::semisep {
 
@@ -116,20 +125,113 @@ template <class T, class UV> struct Rows {
   }
 };
 
+// Where a row of y starts before the first block of M's rows adds to it:
+// Fill{false}: y's own values (it accumulates); Fill{true}: zero.
+struct Fill {
+  bool zero = false;
+  template <class V, class T> AD_ALWAYS_INLINE void vec(V& yv, const T* y, i64 D, i64 i, i64 c0) const {
+    if (zero) yv = V{};
+    else std::memcpy(&yv, y + i * D + c0, sizeof(V));
+  }
+  template <class T> AD_ALWAYS_INLINE T at(const T* y, i64 D, i64 i, i64 c) const { return zero ? T(0) : y[i * D + c]; }
+};
+// Band: the tridiagonal rows pre_{g-1} s_{i-1} + dg_g s_i + nxt_g s_{i+1} of the
+// rows s (D columns, row i is global row g = off + i of N); a neighbour is
+// absent at the ends and where its coefficients are (nullptr). The same
+// expressions as tri_apply.
+template <class T> struct Band {
+  const T *s, *pre, *dg, *nxt;
+  i64 off, N;
+  template <class V> AD_ALWAYS_INLINE void vec(V& yv, const T*, i64 D, i64 i, i64 c0) const {
+    const i64 g = off + i;
+    const bool p = pre && g > 0, n = nxt && g + 1 < N;
+    const T* si = s + i * D + c0;
+    V xv, xp, xn;
+    std::memcpy(&xv, si, sizeof(V));
+    if (p) std::memcpy(&xp, si - D, sizeof(V));
+    if (n) std::memcpy(&xn, si + D, sizeof(V));
+    if (p && n) yv = pre[g - 1] * xp + dg[g] * xv + nxt[g] * xn;
+    else if (p) yv = pre[g - 1] * xp + dg[g] * xv;
+    else if (n) yv = dg[g] * xv + nxt[g] * xn;
+    else yv = dg[g] * xv;
+  }
+  AD_ALWAYS_INLINE T at(const T*, i64 D, i64 i, i64 c) const {
+    const i64 g = off + i;
+    const bool p = pre && g > 0, n = nxt && g + 1 < N;
+    const T* si = s + i * D + c;
+    if (p && n) return tridiag_row(pre[g - 1], dg[g], nxt[g], si[-D], si[0], si[D]);
+    if (p) return pre[g - 1] * si[-D] + dg[g] * si[0];
+    if (n) return dg[g] * si[0] + nxt[g] * si[D];
+    return dg[g] * si[0];
+  }
+};
+
+// Stores of finished rows of a large output bypass the cache (non-temporal,
+// in 16-byte pieces: SSE, so every clone has them): the row is not read
+// first (no read for ownership) and does not evict the inputs still to be
+// read. Worth it only when the output cannot stay in cache for its reader
+// anyway (stream_min_bytes). The task that streamed ends with stream_fence().
+bool streams(std::size_t out_bytes) {
+#if AD_STREAM_STORES
+  return out_bytes >= stream_min_bytes();
+#else
+  (void)out_bytes;
+  return false;
+#endif
+}
+// rows of y (D columns) start 16-byte aligned
+template <class T> bool rows_aligned(const T* y, i64 D) {
+  return reinterpret_cast<std::uintptr_t>(y) % 16 == 0 && (D * static_cast<i64>(sizeof(T))) % 16 == 0;
+}
+AD_ALWAYS_INLINE void stream_fence() {
+#if AD_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+template <int Q, class T, class V> AD_ALWAYS_INLINE void stream16(T* p, const V& v) {
+#if AD_STREAM_STORES
+  if constexpr (sizeof(T) == 4) {
+    typedef float V4 __attribute__((vector_size(16)));
+    V4 q = __builtin_shufflevector(v, v, 4 * Q, 4 * Q + 1, 4 * Q + 2, 4 * Q + 3);
+    _mm_stream_ps(reinterpret_cast<float*>(p) + 4 * Q, reinterpret_cast<__m128>(q));
+  } else {
+    typedef double V2 __attribute__((vector_size(16)));
+    V2 q = __builtin_shufflevector(v, v, 2 * Q, 2 * Q + 1);
+    _mm_stream_pd(reinterpret_cast<double*>(p) + 2 * Q, reinterpret_cast<__m128d>(q));
+  }
+#else
+  (void)p; (void)v;
+#endif
+}
+// y[0 .. VB) = v; streamed past the cache when `stream` (p 16-byte aligned)
+template <class T, class V> AD_ALWAYS_INLINE void put(T* p, const V& v, bool stream) {
+#if AD_STREAM_STORES
+  if (stream) {
+    stream16<0>(p, v);
+    if constexpr (sizeof(V) >= 32) stream16<1>(p, v);
+    if constexpr (sizeof(V) >= 64) { stream16<2>(p, v); stream16<3>(p, v); }
+    return;
+  }
+#endif
+  std::memcpy(p, &v, sizeof(V));
+}
+
 // Register-blocked sweeps over the rows [i0, i1) of a chunk (in order, or
 // reversed) with an r x D state M (row-major):
 //   sums: M[k, :] += a_i[k] x_i[:]
-//   mix:  y_i[:] += sum_k b_i[k] M[k, :]            (M read only)
-//   scan: M[k, :] += a_i[k] x_i[:], then y_i[:] += sum_k b_i[k] M[k, :]
-// For each 64-byte block of columns and each block of up to 8 rows of M (16
-// where the CPU has AVX-512's 32 vector registers: x_i and y_i are then
-// touched once per 16 rows of M instead of twice, same bits), the
-// block of M stays in registers for the whole chunk (GCC/Clang vector
-// extension). y_i receives its terms in increasing k, as the plain loop would.
+//   mix:  y_i[:] = start_i[:] + sum_k b_i[k] M[k, :]            (M read only)
+//   scan: M[k, :] += a_i[k] x_i[:], then y_i[:] = start_i[:] + sum_k b_i[k] M[k, :]
+// (start: Fill or Band above). For each 64-byte block of columns and each
+// block of up to 8 rows of M (16 where the CPU has AVX-512's 32 vector
+// registers: x_i and y_i are then touched once per 16 rows of M instead of
+// twice, same bits), the block of M stays in registers for the whole chunk
+// (GCC/Clang vector extension). y_i receives its terms in increasing k, as
+// the plain loop would; the block with the last rows of M stores y_i
+// streamed when `stream` (the caller checked rows_aligned).
 enum class Sweep { sums, mix, scan };
-template <int KN, int VB, Sweep mode, class T, class RowA, class RowB>
+template <int KN, int VB, Sweep mode, class T, class RowA, class RowB, class Start>
 AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
-                                  RowA& arow, RowB& brow) {
+                                  RowA& arow, RowB& brow, const Start& start, bool first, bool stream) {
   typedef T V __attribute__((vector_size(VB)));
   V m[KN];
   for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
@@ -144,18 +246,19 @@ AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0,
     if constexpr (mode != Sweep::sums) {
       const T* b = brow(i);
       V yv;
-      std::memcpy(&yv, y + i * D + c0, sizeof(V));
+      if (first) start.vec(yv, y, D, i, c0);
+      else std::memcpy(&yv, y + i * D + c0, sizeof(V));
       for (int q = 0; q < KN; ++q) yv += b[k0 + q] * m[q];
-      std::memcpy(y + i * D + c0, &yv, sizeof(V));
+      put(y + i * D + c0, yv, stream);
     }
   }
   if constexpr (mode != Sweep::mix)
     for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
 }
 // Column blocks of VB bytes from c0 while they fit; returns the first column left.
-template <int VB, Sweep mode, class T, class RowA, class RowB>
+template <int VB, Sweep mode, class T, class RowA, class RowB, class Start>
 AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
-                                RowA& arow, RowB& brow) {
+                                RowA& arow, RowB& brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
 #if defined(__x86_64__) || defined(__i386__)
   // as the x86-64-v4 clone requires (clang 14 knows no "x86-64-v4" here)
@@ -165,30 +268,34 @@ AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i6
 #endif
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
+      const bool first = k0 == 0;
       if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
-        sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow);
+        sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && k0 + 16 == r);
         k0 += 8;
         continue;
       }
+      const bool last = k0 + 8 >= r;
       switch (std::min<i64>(8, r - k0)) {
-        case 8: sweep_block<8, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 7: sweep_block<7, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 6: sweep_block<6, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 5: sweep_block<5, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 4: sweep_block<4, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 3: sweep_block<3, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        case 2: sweep_block<2, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
-        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow); break;
+#define AD_SWEEP_CASE(KN)                                                                                       \
+  case KN:                                                                                                      \
+    sweep_block<KN, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && last); \
+    break;
+        AD_SWEEP_CASE(8) AD_SWEEP_CASE(7) AD_SWEEP_CASE(6) AD_SWEEP_CASE(5)
+        AD_SWEEP_CASE(4) AD_SWEEP_CASE(3) AD_SWEEP_CASE(2)
+        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && last); break;
+#undef AD_SWEEP_CASE
       }
     }
   return c0;
 }
-template <Sweep mode, class T, class RowA, class RowB>
+// r >= 1 for mix and scan (the start is applied with M's first rows).
+template <Sweep mode, class T, class RowA, class RowB, class Start = Fill>
 AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
-                            RowB brow) {
-  i64 c0 = sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow);  // 64-, then 32-, then 16-byte blocks
-  c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
-  c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow);
+                            RowB brow, const Start& start = Start{}, bool stream = false) {
+  // 64-, then 32-, then 16-byte blocks
+  i64 c0 = sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow, start, stream);
+  c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
+  c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
   if (c0 == D) return;
   for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last columns (fewer than 16 bytes)
     i64 i = reverse ? i1 - 1 - t : i0 + t;
@@ -199,6 +306,7 @@ AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1
     }
     if constexpr (mode != Sweep::sums) {
       const T* b = brow(i);
+      for (i64 c = c0; c < D; ++c) y[i * D + c] = start.at(y, D, i, c);
       for (i64 k = 0; k < r; ++k)
         for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
     }
@@ -252,6 +360,7 @@ template <class T, class UV> struct MatvecTask {
   const UV *u, *v;
   T* y;
   const T* S;
+  bool stream;  // y's rows streamed past the cache
 };
 template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T, UV>& tk, i64 t) {
   const Dims& dm = tk.dm;
@@ -261,40 +370,49 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<
   T* y = tk.y;
   const T* S = tk.S;
   const i64 N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
-  (void)up;
     i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
     const T* xb = x + b * N * D;
     T* yb = y + b * N * D;
     const T* W = S + (b * nc + (causal ? c : 0)) * rD;
-    for (i64 i = i0; i < i1; ++i) {
-      const T* xi = xb + i * D;
-      tri_apply(yb + i * D, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr,
-                i > 0 ? lo[i - 1] : T(0), d[i], !causal && i + 1 < N ? up[i] : T(0), D);
+    if (r == 0 || D == 0) {  // T x alone
+      for (i64 i = i0; i < i1; ++i) {
+        const T* xi = xb + i * D;
+        tri_apply(yb + i * D, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr,
+                  i > 0 ? lo[i - 1] : T(0), d[i], !causal && i + 1 < N ? up[i] : T(0), D);
+      }
+      return;
     }
-    if (r == 0 || D == 0) return;
+    // y_i starts from the band's row (x's rows through lo, d, up), then u_i . W
+    const Band<T> band{xb, lo, d, causal ? nullptr : up, 0, N};
     Rows<T, UV> ur(r), vr(r);
     auto urow = [&](i64 i) { return ur.row(u, i, r); };
     auto vrow = [&](i64 i) { return vr.row(v, i, r); };
     if (!causal) {
-      sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, i0, i1, false, vrow, urow);
-      return;
+      sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, i0, i1, false, vrow, urow, band,
+                        tk.stream);
+    } else {
+      // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j, started from the chunk's exclusive prefix
+      std::vector<T> P(W, W + rD);
+      sweep<Sweep::scan>(P.data(), xb, yb, D, r, i0, i1, false, vrow, urow, band, tk.stream);
     }
-    // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j, started from the chunk's exclusive prefix
-    std::vector<T> P(W, W + rD);
-    sweep<Sweep::scan>(P.data(), xb, yb, D, r, i0, i1, false, vrow, urow);
+    if (tk.stream) stream_fence();
 }
 
-// Pass 2 of the matvec backward for one chunk (all b, in order).
-template <class T, class UV> struct BackwardTask {
+// Pass 2 of the matvec backward for one chunk (all b, in order), with the
+// chunk's rows of U and V in the compute type (Uc, Vc: row t = row i0 + t;
+// converted by the caller when stored as bf16/f16, so this code exists once
+// per compute type).
+template <class T> struct BackwardTask {
   const Dims& dm;
   bool causal;
   const T *x, *d, *up, *lo;
-  const UV *u, *v;
   const T* dy;
   const MatvecGrads<T>& g;
   const T *Sx, *Sg;
+  bool stream_dx, stream_uv;  // rows of dx / of du and dv streamed past the cache
 };
-template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T, UV>& tk, i64 c) {
+template <class T>
+AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, const T* Uc, const T* Vc) {
   const Dims& dm = tk.dm;
   const bool causal = tk.causal;
   const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo, *dy = tk.dy, *Sx = tk.Sx, *Sg = tk.Sg;
@@ -305,24 +423,10 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const Ba
   if (g.dd) std::fill(g.dd + i0, g.dd + i1, T(0));
   if (g.dup && i0 < band_end) std::fill(g.dup + i0, g.dup + band_end, T(0));
   if (g.dlo && i0 < band_end) std::fill(g.dlo + i0, g.dlo + band_end, T(0));
-  if (g.du) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
-  if (g.dv) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
-  // U, V rows of this chunk in the compute type (row t = row i0 + t)
-  const T *Uc = nullptr, *Vc = nullptr;
-  std::vector<T> ubuf, vbuf;
-  if constexpr (std::is_same_v<T, UV>) {
-    Uc = tk.u + i0 * r;
-    Vc = tk.v + i0 * r;
-  } else {
-    ubuf.resize(static_cast<std::size_t>(n * r));
-    vbuf.resize(static_cast<std::size_t>(n * r));
-    for (i64 e = 0; e < n * r; ++e) {
-      ubuf[static_cast<std::size_t>(e)] = to_compute(tk.u[i0 * r + e]);
-      vbuf[static_cast<std::size_t>(e)] = to_compute(tk.v[i0 * r + e]);
-    }
-    Uc = ubuf.data();
-    Vc = vbuf.data();
-  }
+  const bool rank = r > 0 && D > 0;
+  // du, dv rows start from zero in the sweeps below; without them, zeroed here
+  if (g.du && !rank) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
+  if (g.dv && !rank) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
   auto urow = [&](i64 t) { return Uc + t * r; };
   auto vrow = [&](i64 t) { return Vc + t * r; };
   std::vector<T> M(static_cast<std::size_t>(rD)), Mt(static_cast<std::size_t>(rD));
@@ -330,7 +434,6 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const Ba
     for (i64 k = 0; k < r; ++k)
       for (i64 e = 0; e < D; ++e) Mt[static_cast<std::size_t>(e * r + k)] = W[k * D + e];
   };
-  const bool rank = r > 0 && D > 0;
   for (i64 b = 0; b < B; ++b) {
     const T *xb = x + (b * N + i0) * D, *gb = dy + (b * N + i0) * D;
     T* dxb = g.dx ? g.dx + (b * N + i0) * D : nullptr;
@@ -338,7 +441,7 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const Ba
     auto grow = [&](i64 t) { return gb + t * D; };
     const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
     const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
-    for (i64 t = 0; t < n; ++t) {  // the band of T, and T^T dy
+    for (i64 t = 0; t < n; ++t) {  // the band of T
       i64 i = i0 + t;
       const T *xi = xb + t * D, *gi = gb + t * D;
       if (g.dd) g.dd[i] += dot(gi, xi, D);
@@ -346,51 +449,79 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_backward_task(const Ba
         if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
         if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
       }
-      if (dxb)
+      if (dxb && !rank)  // T^T dy alone
         tri_apply(dxb + t * D, gi, !causal && i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
                   !causal && i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
     }
     if (!rank) continue;
+    // dx_j starts from (T^T dy)_j; du and dv rows from zero at b = 0 (sums over b)
+    const Band<T> band{gb, causal ? nullptr : up, d, lo, i0, N};
+    const Fill acc{b == 0};
+    const bool last_b = b + 1 == B;
     if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
-      if (dxb) sweep<Sweep::mix>(const_cast<T*>(Wg), static_cast<const T*>(nullptr), dxb, D, r, 0, n, false, vrow, vrow);
+      if (dxb)
+        sweep<Sweep::mix>(const_cast<T*>(Wg), static_cast<const T*>(nullptr), dxb, D, r, 0, n, false, vrow, vrow,
+                          band, tk.stream_dx);
       if (g.du) {
         transpose_into(Wx);
-        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.du + i0 * r, r, D, 0, n, false, grow, grow);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.du + i0 * r, r, D, 0, n, false, grow, grow,
+                          acc, tk.stream_uv && last_b);
       }
       if (g.dv) {
         transpose_into(Wg);
-        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.dv + i0 * r, r, D, 0, n, false, xrow, xrow);
+        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.dv + i0 * r, r, D, 0, n, false, xrow, xrow,
+                          acc, tk.stream_uv && last_b);
       }
       continue;
     }
     // causal: Q_j = suffix of u_i (x) dy_i (from the later chunks' sum Wg), P_i = prefix of v_j (x) x_j
     if (dxb) {  // dx_j += v_j . Q_j
       std::copy(Wg, Wg + rD, M.begin());
-      sweep<Sweep::scan>(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow);
+      sweep<Sweep::scan>(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow, band, tk.stream_dx);
     }
     if (g.du) {  // du_i = P_i dy_i, with P^T (D x r) updated by x_i[c] v_i
       transpose_into(Wx);
-      sweep<Sweep::scan>(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow);
+      sweep<Sweep::scan>(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow, acc, tk.stream_uv && last_b);
     }
     if (g.dv) {  // dv_j = Q_j x_j, with Q^T updated by dy_j[c] u_j
       transpose_into(Wg);
-      sweep<Sweep::scan>(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow);
+      sweep<Sweep::scan>(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow, acc, tk.stream_uv && last_b);
     }
   }
+  if (tk.stream_dx || tk.stream_uv) stream_fence();
 }
 
 // run(task, i): the generic task, or its target_clones version for f32.
 template <class T, class UV> void run(const SumsTask<T, UV>& k, i64 t) { chunk_sums_task(k, t); }
 template <class T, class UV> void run(const MatvecTask<T, UV>& k, i64 t) { matvec_task(k, t); }
-template <class T, class UV> void run(const BackwardTask<T, UV>& k, i64 t) { matvec_backward_task(k, t); }
+template <class T> void run(const BackwardTask<T>& k, i64 c, const T* Uc, const T* Vc) {
+  matvec_backward_task(k, c, Uc, Vc);
+}
 #define AD_SEMISEP_CLONE(UV)                                                                        \
   AD_SIMD_CLONES void run(const SumsTask<float, UV>& k, i64 t) { chunk_sums_task(k, t); }         \
-  AD_SIMD_CLONES void run(const MatvecTask<float, UV>& k, i64 t) { matvec_task(k, t); }           \
-  AD_SIMD_CLONES void run(const BackwardTask<float, UV>& k, i64 t) { matvec_backward_task(k, t); }
+  AD_SIMD_CLONES void run(const MatvecTask<float, UV>& k, i64 t) { matvec_task(k, t); }
 AD_SEMISEP_CLONE(float)
 AD_SEMISEP_CLONE(Bf16)
 AD_SEMISEP_CLONE(F16)
 #undef AD_SEMISEP_CLONE
+AD_SIMD_CLONES void run(const BackwardTask<float>& k, i64 c, const float* Uc, const float* Vc) {
+  matvec_backward_task(k, c, Uc, Vc);
+}
+// The backward for chunk c, U and V rows converted to the compute type first
+// where they are stored as bf16/f16.
+template <class T, class UV> void backward_chunk(const BackwardTask<T>& k, const UV* u, const UV* v, i64 c) {
+  const i64 r = k.dm.r, i0 = c * k.dm.L, n = std::min(k.dm.N, i0 + k.dm.L) - i0;
+  if constexpr (std::is_same_v<T, UV>) {
+    run(k, c, u + i0 * r, v + i0 * r);
+  } else {
+    std::vector<T> uc(static_cast<std::size_t>(n * r)), vc(static_cast<std::size_t>(n * r));
+    for (i64 e = 0; e < n * r; ++e) {
+      uc[static_cast<std::size_t>(e)] = to_compute(u[i0 * r + e]);
+      vc[static_cast<std::size_t>(e)] = to_compute(v[i0 * r + e]);
+    }
+    run(k, c, uc.data(), vc.data());
+  }
+}
 
 template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
   SumsTask<T, UV> task{dm, x, v, S};
@@ -398,6 +529,22 @@ template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const U
                          [&](i64 t) { run(task, t); });
 }
 }  // namespace
+
+namespace {
+std::atomic<std::size_t> g_stream_min{0};  // 0: not yet read from the machine
+}  // namespace
+std::size_t stream_min_bytes() {
+  std::size_t b = g_stream_min.load(std::memory_order_relaxed);
+  if (b) return b;
+  long llc = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  b = llc > 0 ? static_cast<std::size_t>(llc) : std::size_t{32} << 20;
+  g_stream_min.store(b, std::memory_order_relaxed);
+  return b;
+}
+void set_stream_min_bytes(std::size_t bytes) { g_stream_min.store(bytes ? bytes : 1, std::memory_order_relaxed); }
 
 std::int64_t chunk_rows(i64 N, i64 D, i64 requested) {
   if (requested > 0) return requested;
@@ -421,7 +568,8 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
   Carve cv{static_cast<char*>(ws)};
   T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
-  MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S};
+  const bool stream = streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(y, D);
+  MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S, stream};
   if (!causal || r == 0 || D == 0) {
     if (r > 0 && D > 0) {
       chunk_sums(dm, x, v, S);
@@ -485,8 +633,12 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
     chunk_sums(dm, dy, u, Sg);
     combine(dm, rD, Sg, causal ? Scan::suffix : Scan::total);
   }
-  BackwardTask<T, UV> task{dm, causal, x, d, up, lo, u, v, dy, g, Sx, Sg};
-  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)), [&](i64 c) { run(task, c); });
+  const bool stream_dx = g.dx && streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(g.dx, D);
+  const bool stream_uv = streams(static_cast<std::size_t>(2 * N * r) * sizeof(T)) && (!g.du || rows_aligned(g.du, r)) &&
+                         (!g.dv || rows_aligned(g.dv, r));
+  BackwardTask<T> task{dm, causal, x, d, up, lo, dy, g, Sx, Sg, stream_dx, stream_uv};
+  parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)),
+                         [&](i64 c) { backward_chunk(task, u, v, c); });
 }
 
 // ---- semiseparable_solve (Woodbury) ----

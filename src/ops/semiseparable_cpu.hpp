@@ -25,6 +25,13 @@ inline Dims make_dims(std::int64_t B, std::int64_t N, std::int64_t D, std::int64
   return Dims{B, N, D, r, chunk_rows(N, D, requested)};
 }
 
+// Outputs of at least this many bytes (y, dx, and du / dv together) have
+// their rows written with streaming (non-temporal) stores on x86, bypassing
+// the cache: default, the last-level cache's size (32 MiB where the system
+// does not say). Same bits either way; tests lower it to reach that path.
+std::size_t stream_min_bytes();
+void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
+
 // Workspace carving: regions of `n` elements, each rounded up to 64 bytes.
 struct Carve {
   char* p = nullptr;
