@@ -96,19 +96,6 @@ template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __rest
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
 }
-// yi = lp xp + dg xi + un xn, where xp / xn are absent (nullptr) at the ends
-template <class T>
-AD_ALWAYS_INLINE void tri_apply(T* __restrict yi, const T* xi, const T* xp, const T* xn, T lp, T dg, T un, i64 D) {
-  if (xp && xn)
-    for (i64 c = 0; c < D; ++c) yi[c] = tridiag_row(lp, dg, un, xp[c], xi[c], xn[c]);
-  else if (xp)
-    for (i64 c = 0; c < D; ++c) yi[c] = lp * xp[c] + dg * xi[c];
-  else if (xn)
-    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c] + un * xn[c];
-  else
-    for (i64 c = 0; c < D; ++c) yi[c] = dg * xi[c];
-}
-
 // Rows of U or V in the compute type (converted from bf16/f16 when stored so).
 template <class T, class UV> struct Rows {
   std::vector<T> buf;
@@ -137,8 +124,8 @@ struct Fill {
 };
 // Band: the tridiagonal rows pre_{g-1} s_{i-1} + dg_g s_i + nxt_g s_{i+1} of the
 // rows s (D columns, row i is global row g = off + i of N); a neighbour is
-// absent at the ends and where its coefficients are (nullptr). The same
-// expressions as tri_apply.
+// absent at the ends and where its coefficients are (nullptr). vec: a
+// vector block of columns; at: one column; row: a whole row (without U V^T).
 template <class T> struct Band {
   const T *s, *pre, *dg, *nxt;
   i64 off, N;
@@ -163,6 +150,9 @@ template <class T> struct Band {
     if (p) return pre[g - 1] * si[-D] + dg[g] * si[0];
     if (n) return dg[g] * si[0] + nxt[g] * si[D];
     return dg[g] * si[0];
+  }
+  AD_ALWAYS_INLINE void row(T* __restrict yi, i64 D, i64 i) const {
+    for (i64 c = 0; c < D; ++c) yi[c] = at(nullptr, D, i, c);
   }
 };
 
@@ -374,16 +364,12 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<
     const T* xb = x + b * N * D;
     T* yb = y + b * N * D;
     const T* W = S + (b * nc + (causal ? c : 0)) * rD;
+    // the band's rows of x (through lo, d, up): y_i starts from them, then u_i . W
+    const Band<T> band{xb, lo, d, causal ? nullptr : up, 0, N};
     if (r == 0 || D == 0) {  // T x alone
-      for (i64 i = i0; i < i1; ++i) {
-        const T* xi = xb + i * D;
-        tri_apply(yb + i * D, xi, i > 0 ? xi - D : nullptr, !causal && i + 1 < N ? xi + D : nullptr,
-                  i > 0 ? lo[i - 1] : T(0), d[i], !causal && i + 1 < N ? up[i] : T(0), D);
-      }
+      for (i64 i = i0; i < i1; ++i) band.row(yb + i * D, D, i);
       return;
     }
-    // y_i starts from the band's row (x's rows through lo, d, up), then u_i . W
-    const Band<T> band{xb, lo, d, causal ? nullptr : up, 0, N};
     Rows<T, UV> ur(r), vr(r);
     auto urow = [&](i64 i) { return ur.row(u, i, r); };
     auto vrow = [&](i64 i) { return vr.row(v, i, r); };
@@ -441,6 +427,8 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     auto grow = [&](i64 t) { return gb + t * D; };
     const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
     const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
+    // (T^T dy)_j: dx_j alone without U V^T, else its start in the sweeps below
+    const Band<T> band{gb, causal ? nullptr : up, d, lo, i0, N};
     for (i64 t = 0; t < n; ++t) {  // the band of T
       i64 i = i0 + t;
       const T *xi = xb + t * D, *gi = gb + t * D;
@@ -449,13 +437,10 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
         if (g.dup && !causal) g.dup[i] += dot(gi, xi + D, D);
         if (g.dlo) g.dlo[i] += dot(gi + D, xi, D);
       }
-      if (dxb && !rank)  // T^T dy alone
-        tri_apply(dxb + t * D, gi, !causal && i > 0 ? gi - D : nullptr, i + 1 < N ? gi + D : nullptr,
-                  !causal && i > 0 ? up[i - 1] : T(0), d[i], i + 1 < N ? lo[i] : T(0), D);
+      if (dxb && !rank) band.row(dxb + t * D, D, t);
     }
     if (!rank) continue;
-    // dx_j starts from (T^T dy)_j; du and dv rows from zero at b = 0 (sums over b)
-    const Band<T> band{gb, causal ? nullptr : up, d, lo, i0, N};
+    // du and dv rows start from zero at b = 0 (sums over b)
     const Fill acc{b == 0};
     const bool last_b = b + 1 == B;
     if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
