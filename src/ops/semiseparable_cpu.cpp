@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -96,21 +97,53 @@ template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __rest
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
 }
-// Rows of U or V in the compute type (converted from bf16/f16 when stored so).
-template <class T, class UV> struct Rows {
-  std::vector<T> buf;
-  explicit Rows(i64 r) {
-    if constexpr (!std::is_same_v<T, UV>) buf.resize(static_cast<std::size_t>(r));
+// Rows of U or V (r columns) in the compute type, handed to a task a block of
+// rows at a time: the stored rows themselves, or (bf16/f16) converted into the
+// task's buffer (exact) by a function of their own clones. So each task is
+// compiled once per compute type whatever U and V are stored as, and a
+// converted block stays in L1 (forward) or L2 (the backward's chunk).
+// The stored elements [first, first + n) converted; the next n (up to `end`)
+// prefetched, so a task's next block is on its way while it works on this one.
+template <class H> AD_ALWAYS_INLINE void convert_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
+  const H* s = static_cast<const H*>(src);
+  for (i64 e = 0; e < n; ++e) dst[e] = to_compute(s[first + e]);
+  const char* next = reinterpret_cast<const char*>(s + first + n);
+  const i64 ahead = std::min(n, end - first - n) * static_cast<i64>(sizeof(H));
+  for (i64 o = 0; o < ahead; o += 64) __builtin_prefetch(next + o);
+}
+AD_SIMD_CLONES void to_compute_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
+  convert_rows<Bf16>(src, first, end, dst, n);
+}
+AD_SIMD_CLONES void to_compute_rows_f16(const void* src, i64 first, i64 end, float* dst, i64 n) {
+  convert_rows<F16>(src, first, end, dst, n);
+}
+template <class T> struct RowSource {
+  const T* rows = nullptr;  // stored in the compute type, or
+  const void* stored = nullptr;
+  void (*convert)(const void*, i64, i64, T*, i64) = nullptr;
+  i64 r = 0, N = 0;
+  // scratch for `n` converted rows (none when they are used in place)
+  std::unique_ptr<T[]> buffer(i64 n) const {
+    return convert ? std::unique_ptr<T[]>(new T[static_cast<std::size_t>(n * r)]) : nullptr;
   }
-  AD_ALWAYS_INLINE const T* row(const UV* p, i64 i, i64 r) {
-    if constexpr (std::is_same_v<T, UV>) {
-      return p + i * r;
-    } else {
-      for (i64 k = 0; k < r; ++k) buf[static_cast<std::size_t>(k)] = to_compute(p[i * r + k]);
-      return buf.data();
-    }
+  // rows [i, i + n)
+  AD_ALWAYS_INLINE const T* block(i64 i, i64 n, T* buf) const {
+    if (!convert) return rows + i * r;
+    convert(stored, i * r, N * r, buf, n * r);
+    return buf;
   }
 };
+template <class T, class UV> RowSource<T> row_source(const UV* p, i64 N, i64 r) {
+  RowSource<T> s;
+  s.r = r;
+  s.N = N;
+  if constexpr (std::is_same_v<T, UV>) s.rows = p;
+  else if constexpr (std::is_same_v<UV, Bf16>) s.stored = p, s.convert = to_compute_rows;
+  else s.stored = p, s.convert = to_compute_rows_f16;
+  return s;
+}
+// Rows per block of the forward tasks (a block of converted U or V rows in L1)
+constexpr i64 kRowBlock = 64;
 
 // Where a row of y starts before the first block of M's rows adds to it:
 // Fill{false}: y's own values (it accumulates); Fill{true}: zero.
@@ -304,19 +337,20 @@ AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1
 }
 
 // S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), one task per (b, c)
-template <class T, class UV> struct SumsTask { const Dims& dm; const T* x; const UV* v; T* S; };
-template <class T, class UV> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T, UV>& tk, i64 t) {
+template <class T> struct SumsTask { const Dims& dm; const T* x; RowSource<T> v; T* S; };
+template <class T> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T>& tk, i64 t) {
   const Dims& dm = tk.dm;
-  const T* x = tk.x;
-  const UV* v = tk.v;
   i64 nc = dm.chunks(), rD = dm.r * dm.D;
-  T* S = tk.S;
-    i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
-    T* s = S + t * rD;
-    std::fill(s, s + rD, T(0));
-    Rows<T, UV> vr(dm.r);
-    auto vrow = [&](i64 i) { return vr.row(v, i, dm.r); };
-    sweep<Sweep::sums>(s, x + b * dm.N * dm.D, static_cast<T*>(nullptr), dm.D, dm.r, i0, i1, false, vrow, vrow);
+  i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(dm.N, i0 + dm.L);
+  T* s = tk.S + t * rD;
+  std::fill(s, s + rD, T(0));
+  std::unique_ptr<T[]> buf = tk.v.buffer(kRowBlock);
+  for (i64 j0 = i0; j0 < i1; j0 += kRowBlock) {  // the state s carries over from block to block
+    const i64 j1 = std::min(i1, j0 + kRowBlock);
+    const T* Vb = tk.v.block(j0, j1 - j0, buf.get());
+    auto vrow = [&](i64 i) { return Vb + (i - j0) * dm.r; };
+    sweep<Sweep::sums>(s, tk.x + b * dm.N * dm.D, static_cast<T*>(nullptr), dm.D, dm.r, j0, j1, false, vrow, vrow);
+  }
 }
 template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S);
 
@@ -343,20 +377,19 @@ template <class T> void combine(const Dims& dm, i64 width, T* S, Scan kind) {
   });
 }
 // Pass 2 of the matvec for one (b, chunk) task.
-template <class T, class UV> struct MatvecTask {
+template <class T> struct MatvecTask {
   const Dims& dm;
   bool causal;
   const T *x, *d, *up, *lo;
-  const UV *u, *v;
+  RowSource<T> u, v;
   T* y;
   const T* S;
   bool stream;  // y's rows streamed past the cache
 };
-template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T, UV>& tk, i64 t) {
+template <class T> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T>& tk, i64 t) {
   const Dims& dm = tk.dm;
   const bool causal = tk.causal;
   const T *x = tk.x, *d = tk.d, *up = tk.up, *lo = tk.lo;
-  const UV *u = tk.u, *v = tk.v;
   T* y = tk.y;
   const T* S = tk.S;
   const i64 N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
@@ -370,16 +403,22 @@ template <class T, class UV> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<
       for (i64 i = i0; i < i1; ++i) band.row(yb + i * D, D, i);
       return;
     }
-    Rows<T, UV> ur(r), vr(r);
-    auto urow = [&](i64 i) { return ur.row(u, i, r); };
-    auto vrow = [&](i64 i) { return vr.row(v, i, r); };
-    if (!causal) {
-      sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, i0, i1, false, vrow, urow, band,
-                        tk.stream);
-    } else {
-      // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j, started from the chunk's exclusive prefix
-      std::vector<T> P(W, W + rD);
-      sweep<Sweep::scan>(P.data(), xb, yb, D, r, i0, i1, false, vrow, urow, band, tk.stream);
+    // P_i = S_<c + sum_{c0<=j<=i} v_j (x) x_j when causal, started from the
+    // chunk's exclusive prefix and carried over from block to block
+    std::vector<T> P(causal ? W : W + rD, W + rD);
+    std::unique_ptr<T[]> ub = tk.u.buffer(kRowBlock), vb = causal ? tk.v.buffer(kRowBlock) : nullptr;
+    for (i64 j0 = i0; j0 < i1; j0 += kRowBlock) {
+      const i64 j1 = std::min(i1, j0 + kRowBlock);
+      const T* Ub = tk.u.block(j0, j1 - j0, ub.get());
+      auto urow = [&](i64 i) { return Ub + (i - j0) * r; };
+      if (!causal) {
+        sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, j0, j1, false, urow, urow, band,
+                          tk.stream);
+      } else {
+        const T* Vb = tk.v.block(j0, j1 - j0, vb.get());
+        auto vrow = [&](i64 i) { return Vb + (i - j0) * r; };
+        sweep<Sweep::scan>(P.data(), xb, yb, D, r, j0, j1, false, vrow, urow, band, tk.stream);
+      }
     }
     if (tk.stream) stream_fence();
 }
@@ -476,40 +515,27 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   if (tk.stream_dx || tk.stream_uv) stream_fence();
 }
 
-// run(task, i): the generic task, or its target_clones version for f32.
-template <class T, class UV> void run(const SumsTask<T, UV>& k, i64 t) { chunk_sums_task(k, t); }
-template <class T, class UV> void run(const MatvecTask<T, UV>& k, i64 t) { matvec_task(k, t); }
+// run(task, i, rows): the generic task, or its target_clones version for f32
+// (one clone set per task: U and V arrive in the compute type).
+template <class T> void run(const SumsTask<T>& k, i64 t) { chunk_sums_task(k, t); }
+template <class T> void run(const MatvecTask<T>& k, i64 t) { matvec_task(k, t); }
 template <class T> void run(const BackwardTask<T>& k, i64 c, const T* Uc, const T* Vc) {
   matvec_backward_task(k, c, Uc, Vc);
 }
-#define AD_SEMISEP_CLONE(UV)                                                                        \
-  AD_SIMD_CLONES void run(const SumsTask<float, UV>& k, i64 t) { chunk_sums_task(k, t); }         \
-  AD_SIMD_CLONES void run(const MatvecTask<float, UV>& k, i64 t) { matvec_task(k, t); }
-AD_SEMISEP_CLONE(float)
-AD_SEMISEP_CLONE(Bf16)
-AD_SEMISEP_CLONE(F16)
-#undef AD_SEMISEP_CLONE
+AD_SIMD_CLONES void run(const SumsTask<float>& k, i64 t) { chunk_sums_task(k, t); }
+AD_SIMD_CLONES void run(const MatvecTask<float>& k, i64 t) { matvec_task(k, t); }
 AD_SIMD_CLONES void run(const BackwardTask<float>& k, i64 c, const float* Uc, const float* Vc) {
   matvec_backward_task(k, c, Uc, Vc);
 }
-// The backward for chunk c, U and V rows converted to the compute type first
-// where they are stored as bf16/f16.
-template <class T, class UV> void backward_chunk(const BackwardTask<T>& k, const UV* u, const UV* v, i64 c) {
-  const i64 r = k.dm.r, i0 = c * k.dm.L, n = std::min(k.dm.N, i0 + k.dm.L) - i0;
-  if constexpr (std::is_same_v<T, UV>) {
-    run(k, c, u + i0 * r, v + i0 * r);
-  } else {
-    std::vector<T> uc(static_cast<std::size_t>(n * r)), vc(static_cast<std::size_t>(n * r));
-    for (i64 e = 0; e < n * r; ++e) {
-      uc[static_cast<std::size_t>(e)] = to_compute(u[i0 * r + e]);
-      vc[static_cast<std::size_t>(e)] = to_compute(v[i0 * r + e]);
-    }
-    run(k, c, uc.data(), vc.data());
-  }
+// The backward for chunk c, with the chunk's rows of U and V in the compute type.
+template <class T> void backward_chunk(const BackwardTask<T>& k, const RowSource<T>& u, const RowSource<T>& v, i64 c) {
+  const i64 i0 = c * k.dm.L, n = std::min(k.dm.N, i0 + k.dm.L) - i0;
+  std::unique_ptr<T[]> ub = u.buffer(n), vb = v.buffer(n);
+  run(k, c, u.block(i0, n, ub.get()), v.block(i0, n, vb.get()));
 }
 
 template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S) {
-  SumsTask<T, UV> task{dm, x, v, S};
+  SumsTask<T> task{dm, x, row_source<T>(v, dm.N, dm.r), S};
   parallel::parallel_for(dm.B * dm.chunks(), 2.0 * static_cast<double>(dm.B * dm.N * dm.r * dm.D),
                          [&](i64 t) { run(task, t); });
 }
@@ -554,13 +580,14 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   Carve cv{static_cast<char*>(ws)};
   T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
   const bool stream = streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(y, D);
-  MatvecTask<T, UV> task{dm, causal, x, d, up, lo, u, v, y, S, stream};
+  MatvecTask<T> task{dm, causal, x, d, up, lo, row_source<T>(u, N, r), row_source<T>(v, N, r), y, S, stream};
   if (!causal || r == 0 || D == 0) {
     if (r > 0 && D > 0) {
       chunk_sums(dm, x, v, S);
       combine(dm, rD, S, Scan::total);
     }
-    parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)), [&](i64 t) { run(task, t); });
+    parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)),
+                           [&](i64 t) { run(task, t); });
     return;
   }
   // Causal: groups of G chunks (about 4 MiB of x): chunk sums, exclusive
@@ -568,7 +595,7 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   // as one global scan), then pass 2 while the group's x is still in cache.
   // x is read from memory once.
   const i64 G = std::max<i64>(1, (i64{4} << 20) / std::max<i64>(1, dm.L * D * static_cast<i64>(sizeof(T))));
-  SumsTask<T, UV> sums{dm, x, v, S};
+  SumsTask<T> sums{dm, x, row_source<T>(v, N, r), S};
   std::vector<double> carry(static_cast<std::size_t>(B * rD), 0.0);
   for (i64 g0 = 0; g0 < nc; g0 += G) {
     const i64 gn = std::min(nc, g0 + G) - g0, rows = std::min(N, (g0 + gn) * dm.L) - g0 * dm.L;
@@ -622,8 +649,9 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
   const bool stream_uv = streams(static_cast<std::size_t>(2 * N * r) * sizeof(T)) && (!g.du || rows_aligned(g.du, r)) &&
                          (!g.dv || rows_aligned(g.dv, r));
   BackwardTask<T> task{dm, causal, x, d, up, lo, dy, g, Sx, Sg, stream_dx, stream_uv};
+  const RowSource<T> us = row_source<T>(u, N, r), vs = row_source<T>(v, N, r);
   parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)),
-                         [&](i64 c) { backward_chunk(task, u, v, c); });
+                         [&](i64 c) { backward_chunk(task, us, vs, c); });
 }
 
 // ---- semiseparable_solve (Woodbury) ----
