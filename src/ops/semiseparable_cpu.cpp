@@ -97,13 +97,9 @@ template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __rest
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
 }
-// Rows of U or V (r columns) in the compute type, handed to a task a block of
-// rows at a time: the stored rows themselves, or (bf16/f16) converted into the
-// task's buffer (exact) by a function of their own clones. So each task is
-// compiled once per compute type whatever U and V are stored as, and a
-// converted block stays in L1 (forward) or L2 (the backward's chunk).
-// The stored elements [first, first + n) converted; the next n (up to `end`)
-// prefetched, so a task's next block is on its way while it works on this one.
+// Stored bf16/f16 elements [first, first + n) converted to f32 (exact); the
+// next n (up to `end`) prefetched, so a task's next block is on its way while
+// it works on this one.
 template <class H> AD_ALWAYS_INLINE void convert_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
   const H* s = static_cast<const H*>(src);
   for (i64 e = 0; e < n; ++e) dst[e] = to_compute(s[first + e]);
@@ -111,12 +107,17 @@ template <class H> AD_ALWAYS_INLINE void convert_rows(const void* src, i64 first
   const i64 ahead = std::min(n, end - first - n) * static_cast<i64>(sizeof(H));
   for (i64 o = 0; o < ahead; o += 64) __builtin_prefetch(next + o);
 }
-AD_SIMD_CLONES void to_compute_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
+AD_SIMD_CLONES void bf16_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
   convert_rows<Bf16>(src, first, end, dst, n);
 }
-AD_SIMD_CLONES void to_compute_rows_f16(const void* src, i64 first, i64 end, float* dst, i64 n) {
+AD_SIMD_CLONES void f16_rows(const void* src, i64 first, i64 end, float* dst, i64 n) {
   convert_rows<F16>(src, first, end, dst, n);
 }
+// Rows of U or V (r columns) in the compute type, handed to a task a block of
+// rows at a time: the stored rows themselves, or (bf16/f16) converted into the
+// task's buffer by the cloned functions above. So each task is compiled once
+// per compute type whatever U and V are stored as, and a converted block
+// stays in L1 (forward) or L2 (the backward's chunk).
 template <class T> struct RowSource {
   const T* rows = nullptr;  // stored in the compute type, or
   const void* stored = nullptr;
@@ -138,8 +139,8 @@ template <class T, class UV> RowSource<T> row_source(const UV* p, i64 N, i64 r) 
   s.r = r;
   s.N = N;
   if constexpr (std::is_same_v<T, UV>) s.rows = p;
-  else if constexpr (std::is_same_v<UV, Bf16>) s.stored = p, s.convert = to_compute_rows;
-  else s.stored = p, s.convert = to_compute_rows_f16;
+  else if constexpr (std::is_same_v<UV, Bf16>) s.stored = p, s.convert = bf16_rows;
+  else s.stored = p, s.convert = f16_rows;
   return s;
 }
 // Rows per block of the forward tasks (a block of converted U or V rows in L1)
@@ -515,8 +516,8 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   if (tk.stream_dx || tk.stream_uv) stream_fence();
 }
 
-// run(task, i, rows): the generic task, or its target_clones version for f32
-// (one clone set per task: U and V arrive in the compute type).
+// run(task, ...): the generic task, or its target_clones version for f32 (one
+// clone set per task: U and V arrive in the compute type).
 template <class T> void run(const SumsTask<T>& k, i64 t) { chunk_sums_task(k, t); }
 template <class T> void run(const MatvecTask<T>& k, i64 t) { matvec_task(k, t); }
 template <class T> void run(const BackwardTask<T>& k, i64 c, const T* Uc, const T* Vc) {
