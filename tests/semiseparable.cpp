@@ -115,10 +115,16 @@ DenseGrads dense_grads(const Sys& s, bool causal, const std::vector<double>& w) 
   return g;
 }
 // semiseparable_matvec with an explicit chunk length (0 = automatic).
-Var matvec_chunked(const std::vector<Var>& in, bool causal, i64 chunk) {
+// with_w: W = V^T x from a semiseparable_sums node of the same chunking, as
+// ad::semiseparable_matvec builds the full product on the CPU
+Var matvec_chunked(const std::vector<Var>& in, bool causal, i64 chunk, bool with_w = false) {
   Attrs at;
   at.causal = causal;
   at.start = chunk;
+  if (with_w)
+    return make_node(OpId::semiseparable_matvec,
+                     {in[0], in[1], in[2], in[3], in[4], in[5], make_node(OpId::semiseparable_sums, {in[0], in[5]}, at)},
+                     at);
   return make_node(OpId::semiseparable_matvec, {in[0], in[1], in[2], in[3], in[4], in[5]}, at);
 }
 void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const char* what) {
@@ -164,7 +170,75 @@ TEST_CASE("semiseparable_matvec matches a dense H, forward and all gradients") {
       }
       // one backward node forms all six gradients
       CHECK(count_op(y, OpId::semiseparable_matvec_backward) == 1);
+      if (causal) continue;
+      // W = V^T x handed in by a semiseparable_sums node: the same bits for y
+      // and every gradient (the sums are formed the same way, then copied)
+      Var yw = matvec_chunked(in, false, c.chunk, true);
+      auto grw = grad(sum(mul(yw, g.input(w))), in);
+      CHECK(bitwise_equal(eval(yw), eval(y)));
+      for (std::size_t i = 0; i < 6; ++i) {
+        INFO("gradient " << i);
+        CHECK(bitwise_equal(eval(grw[i]), eval(gr[i])));
+      }
+      CHECK(count_op(y, OpId::semiseparable_sums) == 1);
     }
+}
+
+TEST_CASE("semiseparable_matvec full on the CPU: W = V^T x is its own node, read by the backward") {
+  Rng rng(78);
+  Sys s = random_sys(2, 700, 5, 4, rng);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Graph g;
+    std::vector<Var> in{g.input(s.x), g.input(s.d), g.input(s.up), g.input(s.lo), g.input(s.u), g.input(s.v)};
+    Var y = semiseparable_matvec(in[0], in[1], in[2], in[3], in[4], in[5], causal);
+    // the causal product forms its prefix sums in one pass: no W node
+    CHECK(count_op(y, OpId::semiseparable_sums) == (causal ? 0u : 1u));
+    CHECK(g.impl().node(y.id()).inputs.size() == (causal ? 6u : 7u));
+    auto gr = grad(sum(mul(y, y)), in);
+    for (const Node& n : g.impl().nodes)
+      if (n.op == OpId::semiseparable_matvec_backward) CHECK(n.inputs.size() == (causal ? 7u : 8u));
+    // the same bits as the single node that forms W itself
+    Var y6 = matvec_chunked(in, causal, 0);
+    auto gr6 = grad(sum(mul(y6, y6)), in);
+    CHECK(bitwise_equal(eval(y), eval(y6)));
+    for (std::size_t i = 0; i < 6; ++i) {
+      INFO("gradient " << i);
+      CHECK(bitwise_equal(eval(gr[i]), eval(gr6[i])));
+    }
+  }
+}
+
+TEST_CASE("semiseparable_matvec full: every policy gives keep_all's bits and its predicted peak") {
+  Rng rng(80);
+  Sys s = random_sys(2, 600, 6, 5, rng);
+  Tensor ref_u, ref_v, ref_d;
+  std::int64_t keep_all_peak = 0;
+  for (int pol = 0; pol < 4; ++pol) {
+    INFO("policy " << pol);
+    Graph g;
+    Parameter pu(s.u.clone()), pv(s.v.clone()), pd(s.d.clone());
+    Var h = g.input(s.x), up = g.input(s.up), lo = g.input(s.lo);
+    // six layers: the policies free and recompute the inner layers' W and y
+    for (int l = 0; l < 6; ++l) h = tanh(semiseparable_matvec(h, pd, up, lo, pu, pv));
+    Var loss = sum(mul(h, h));
+    Policy p = pol == 0 ? policy::keep_all() : pol == 1 ? policy::manual() : pol == 2 ? policy::sqrt_n()
+                                                                                          : policy::budget(keep_all_peak * 3 / 4);
+    Report r = backward(loss, p);
+    CHECK(r.predicted_peak_bytes == r.measured_peak_bytes);
+    if (pol == 0) {
+      keep_all_peak = r.measured_peak_bytes;
+      ref_u = pu.grad().clone();
+      ref_v = pv.grad().clone();
+      ref_d = pd.grad().clone();
+      continue;
+    }
+    if (pol != 2) CHECK(r.recomputed_nodes > 0);
+    if (pol == 3) CHECK(r.measured_peak_bytes <= keep_all_peak * 3 / 4);
+    CHECK(bitwise_equal(pu.grad(), ref_u));
+    CHECK(bitwise_equal(pv.grad(), ref_v));
+    CHECK(bitwise_equal(pd.grad(), ref_d));
+  }
 }
 
 TEST_CASE("semiseparable_matvec gradient uses T^T and V U^T: a non-symmetric T") {
@@ -260,10 +334,13 @@ template <class T, class UV> std::vector<T> matvec_kernel_outputs(i64 B, i64 N, 
   for (bool causal : {false, true}) {
     std::vector<T> y(x.size()), dx(x.size(), T(7)), dd(d.size(), T(7)), dup(d.size(), T(7)), dlo(d.size(), T(7)),
         du(u.size(), T(7)), dv(u.size(), T(7));
-    matvec(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(), y.data(), ws.data());
+    matvec(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(), static_cast<const T*>(nullptr), y.data(), ws.data());
     MatvecGrads<T> g{dx.data(), dd.data(), dup.data(), dlo.data(), du.data(), dv.data()};
-    matvec_backward(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(), dy.data(), g,
-                    ws.data());
+    // the full backward given W, as the graph op runs it
+    std::vector<T> w(static_cast<std::size_t>(B * r * D));
+    if (!causal) sums(dm, x.data(), v.data(), w.data(), ws.data());
+    matvec_backward(dm, causal, x.data(), d.data(), up.data(), lo.data(), u.data(), v.data(),
+                    causal ? static_cast<const T*>(nullptr) : w.data(), dy.data(), g, ws.data());
     for (const auto* a : {&y, &dx, &dd, &dup, &dlo, &du, &dv}) out.insert(out.end(), a->begin(), a->end());
   }
   return out;
@@ -717,6 +794,17 @@ TEST_CASE("semiseparable misuse: shapes, dtypes, singular systems") {
   expect([&] { semiseparable_matvec(x, d, up, lo, in({4, 2}), in({4, 2})); }, {"semiseparable_matvec", "u f32[4,2]"});
   expect([&] { semiseparable_matvec(x, d, up, lo, u, in({5, 2}, DType::f64)); }, {"semiseparable_matvec", "dtype mismatch"});
   expect([&] { semiseparable_matvec(x, in({5}, DType::f64), up, lo, u, v); }, {"semiseparable_matvec", "dtype mismatch", "t_diag f64[5]"});
+  // W = V^T x, the full product's internal 7th input: its shape is checked too
+  expect([&] { make_node(OpId::semiseparable_matvec, {x, d, up, lo, u, v, in({2, 3, 2})}); },
+         {"semiseparable_matvec", "w must be V^T x: (2, 2, 3)", "w f32[2,3,2]"});
+  expect([&] { make_node(OpId::semiseparable_sums, {x, in({4, 2})}); }, {"semiseparable_sums", "v f32[4,2]"});
+  // a W that is not V^T x of the node's own x and v: its gradient would be wrong, so backward refuses
+  Var wrong_w = make_node(OpId::semiseparable_matvec, {x, d, up, lo, u, v, in({2, 2, 3})});
+  expect([&] { grad(sum(wrong_w), {x}); }, {"semiseparable_matvec", "must be semiseparable_sums(x, v)", "f32[2,2,3]"});
+  // a failed build leaves no node behind (the builder takes its first node back only when it succeeded)
+  const std::size_t before = g.impl().nodes.size();
+  expect([&] { semiseparable_matvec(x, d, up, in({3}), u, v); }, {"semiseparable_matvec", "t_lower f32[3]"});
+  CHECK(g.impl().nodes.size() == before + 1);  // the t_lower input only
   Var xd = in({2, 5, 3}, DType::f64);
   Var ub = g.input(Tensor::randn({5, 2}, rng).to(DType::bf16));
   expect([&] { semiseparable_matvec(xd, in({5}, DType::f64), in({4}, DType::f64), in({4}, DType::f64), ub, ub); },
@@ -777,6 +865,24 @@ void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
                    fmt::format("x[{},{},{}] r {} chunk {}{}", m.B, m.N, m.D, m.r, chunk, causal ? " causal" : ""),
                    {s.x, s.d, s.up, s.lo, s.u, s.v},
                    [causal, chunk](const std::vector<Var>& v) { return matvec_chunked(v, causal, chunk); }});
+    if (causal) continue;
+    // full, given W = V^T x from a semiseparable_sums node (as built on the CPU)
+    out.push_back({OpId::semiseparable_matvec,
+                   fmt::format("x[{},{},{}] r {} chunk {} given W", m.B, m.N, m.D, m.r, chunk),
+                   {s.x, s.d, s.up, s.lo, s.u, s.v},
+                   [chunk](const std::vector<Var>& v) { return matvec_chunked(v, false, chunk, true); }});
+  }
+  // W = V^T x on its own (its backward rule, used when something else reads W)
+  const M ws[] = {{2, 5, 3, 2, 0, false}, {1, 9, 2, 3, 4, false}, {3, 1, 1, 1, 0, false}};
+  for (const M& m : ws) {
+    Sys s = random_sys(m.B, m.N, m.D, m.r, rng);
+    i64 chunk = m.chunk;
+    out.push_back({OpId::semiseparable_sums, fmt::format("x[{},{},{}] r {} chunk {}", m.B, m.N, m.D, m.r, chunk),
+                   {s.x, s.v}, [chunk](const std::vector<Var>& v) {
+                     Attrs at;
+                     at.start = chunk;
+                     return make_node(OpId::semiseparable_sums, {v[0], v[1]}, at);
+                   }});
   }
   const M ss[] = {{2, 5, 3, 2, 0, false}, {1, 1, 2, 1, 0, false}, {1, 9, 2, 3, 4, false}};
   for (const M& m : ss) {

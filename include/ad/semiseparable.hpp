@@ -23,6 +23,9 @@ namespace ad {
 //   y_i = t_lower[i-1] x_{i-1} + t_diag[i] x_i + u_i . sum_{j<=i} v_j x_j^T,
 // through prefix sums of v_j x_j^T (t_upper is then unused, its gradient 0).
 // Cost O(B N D r) either way; gradients for every input in one backward pass.
+// The full product on the CPU is two nodes: W = V^T x (B, r, D, a
+// semiseparable_sums node) and the product reading it, which its backward
+// reads again instead of passing over x and v once more.
 // Mixed precision: with x in f32, u and v may be stored as bf16 or f16 (both
 // the same); products and sums are formed in f32 (their gradients come back
 // cast to bf16/f16). Throws ad::Error (naming the op and the shapes) when the

@@ -58,6 +58,12 @@ std::int32_t GraphImpl::add_node(Node n) {
   return static_cast<std::int32_t>(nodes.size() - 1);
 }
 
+void GraphImpl::drop_last(std::int32_t id) {
+  if (nodes.empty() || static_cast<std::size_t>(id) + 1 != nodes.size() || is_leaf(id) || node(id).value.defined())
+    throw Error(fmt::format("Graph: internal: node {} is not the last op node built", id));
+  nodes.pop_back();
+}
+
 std::int32_t GraphImpl::param_node(ParamState* p) {
   auto it = param_nodes.find(p);
   if (it != param_nodes.end()) return it->second;

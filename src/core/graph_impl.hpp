@@ -160,6 +160,10 @@ class GraphImpl {
   Node& node(std::int32_t id) { return nodes[static_cast<std::size_t>(id)]; }
   const Node& node(std::int32_t id) const { return nodes[static_cast<std::size_t>(id)]; }
   std::int32_t add_node(Node n);
+  // Takes back the op node just added (id must be the last node and nothing
+  // may read it yet): a builder that checked its inputs with one form of a
+  // node and then builds another.
+  void drop_last(std::int32_t id);
   std::int32_t param_node(ParamState* p);
   bool is_leaf(std::int32_t id) const;
 

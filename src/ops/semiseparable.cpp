@@ -4,6 +4,7 @@
 // pass into one buffer; the backward rule hands them out with ad::part.
 // Kernels: src/ops/semiseparable_cpu.cpp; CUDA: src/cuda/semiseparable.cu.
 #include "ad/semiseparable.hpp"
+#include "ad/ops.hpp"
 
 #include <array>
 
@@ -24,10 +25,12 @@ bool low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // x (B, N, D), t_diag (N), t_upper (N-1), t_lower (N-1), u (N, r), v (N, r).
 // u and v share a dtype: x's, or bf16/f16 when x is f32 and allow_low.
-SemisepShape check_semisep(const InferArgs& a, bool allow_low) {
+// `n` inputs are checked (the rest are the caller's).
+SemisepShape check_semisep(const InferArgs& a, bool allow_low, std::size_t n = 6) {
+  if (a.in.size() < n) fail_shapes(a, fmt::format("expects at least {} inputs, got {}", n, a.in.size()));
   const Meta& x = a[0];
   if (!is_compute_float(x.dtype)) fail_shapes(a, fmt::format("x must be f32 or f64, got {}", dtype_name(x.dtype)));
-  for (std::size_t i = 1; i < a.in.size(); ++i)
+  for (std::size_t i = 1; i < n; ++i)
     if (!(a[i].device == x.device)) fail_shapes(a, "inputs on different devices");
   for (std::size_t i = 1; i <= 3; ++i)
     if (a[i].dtype != x.dtype) fail_shapes(a, "dtype mismatch: t_diag, t_upper and t_lower must have x's dtype");
@@ -48,6 +51,12 @@ SemisepShape check_semisep(const InferArgs& a, bool allow_low) {
 }
 semisep::Dims dims_of(const Shape& x, i64 r, const Attrs& at) {
   return semisep::make_dims(x[0], x[1], x[2], r, at.start);
+}
+// The optional input W = V^T x (B, r, D) at index `i`, from semiseparable_sums.
+void check_w(const InferArgs& a, const SemisepShape& s, std::size_t i) {
+  if (a.in.size() > i + 1) fail_shapes(a, fmt::format("expects at most {} inputs, got {}", i + 1, a.in.size()));
+  if (a.in.size() == i + 1 && (a[i].shape != Shape{s.B, s.r, s.D} || a[i].dtype != a[0].dtype || !(a[i].device == a[0].device)))
+    fail_shapes(a, fmt::format("w must be V^T x: ({}, {}, {}) in x's dtype and device", s.B, s.r, s.D));
 }
 
 // Calls f(T{}, UV{}) for x's compute type and u's storage type.
@@ -86,10 +95,54 @@ AD_CUDA_ONLY(cuda_k::SemisepDims gpu_dims(const char* op, const KernelArgs& k) {
 })
 }  // namespace
 
+// ---- semiseparable_sums ----  (x (B,N,D), v (N,r)) -> W (B,r,D), W[b] = V^T x[b]: the
+// first pass of the full matvec as its own small node (see semiseparable_matvec,
+// which forms the gradients through W itself and gives W none). Its own backward
+// (dx = V dW, dv = sum_b x[b] dW[b]^T, from core ops) serves any other reader.
+Meta infer_semiseparable_sums(const InferArgs& a) {
+  const Meta &x = a[0], &v = a[1];
+  if (!is_compute_float(x.dtype)) fail_shapes(a, fmt::format("x must be f32 or f64, got {}", dtype_name(x.dtype)));
+  if (!(v.device == x.device)) fail_shapes(a, "inputs on different devices");
+  if (v.dtype != x.dtype && !(x.dtype == DType::f32 && low_precision(v.dtype)))
+    fail_shapes(a, "dtype mismatch: v must have x's dtype, or be bf16/f16 when x is f32");
+  if (x.shape.rank() != 3 || v.shape.rank() != 2 || v.shape[0] != x.shape[1])
+    fail_shapes(a, "expects x (B, N, D) and v (N, r)");
+  return Meta{Shape{x.shape[0], v.shape[1], x.shape[2]}, x.dtype, x.device};
+}
+void semiseparable_sums_cpu(const KernelArgs& k) {
+  semisep::Dims dm = dims_of(k[0].shape(), k[1].shape()[1], k.attrs);
+  dispatch_uv(k[0].dtype(), k[1].dtype(), "semiseparable_sums", [&](auto t, auto uvt) {
+    using T = decltype(t);
+    using UV = decltype(uvt);
+    semisep::sums<T, UV>(dm, k[0].data<T>(), static_cast<const UV*>(k[1].raw()), k.out.data<T>(), k.workspace);
+  });
+}
+void semiseparable_sums_bwd(BackwardArgs& a) {
+  const Var &x = a.in[0], &v = a.in[1];
+  if (a.needs[0]) a.grad[0] = matmul(v.dtype() == x.dtype() ? v : cast(v, x.dtype()), a.dout);
+  if (a.needs[1]) {
+    Var g = sum_to(matmul(x, a.dout, false, true), v.shape());
+    a.grad[1] = v.dtype() == g.dtype() ? g : cast(g, v.dtype());
+  }
+}
+const OpDef op_def_semiseparable_sums{
+    .name = "semiseparable_sums", .args = "x,v", .arity = 2, .infer = infer_semiseparable_sums,
+    .cpu = semiseparable_sums_cpu, .backward = semiseparable_sums_bwd, .saves = saves_input(0) | saves_input(1),
+    .flops = [](const InferArgs& a, const Meta&) {
+      return 2.0 * static_cast<double>(a[0].shape.numel()) * static_cast<double>(a[1].shape[1]);
+    },
+    .workspace = [](const InferArgs& a, const Meta&) {
+      return static_cast<std::int64_t>(
+          semisep::sums_ws_bytes(dims_of(a[0].shape, a[1].shape[1], a.attrs), dtype_size(a[0].dtype)));
+    }};
+
 // ---- semiseparable_matvec ----  x (B,N,D) -> y (B,N,D), y[b] = (T + U V^T) x[b];
 // causal: y_i = lo_{i-1} x_{i-1} + d_i x_i + sum_{j<=i} (u_i . v_j) x_j. Saves all inputs.
+// Full (not causal) on the CPU, the builder passes a 7th input, W = V^T x from
+// a semiseparable_sums node: the forward then reads x once more (y = T x + U W)
+// and the backward reads W instead of forming it again from x and v.
 Meta infer_semiseparable_matvec(const InferArgs& a) {
-  check_semisep(a, true);
+  check_w(a, check_semisep(a, true), 6);
   return a[0];
 }
 void semiseparable_matvec_cpu(const KernelArgs& k) {
@@ -98,8 +151,8 @@ void semiseparable_matvec_cpu(const KernelArgs& k) {
     using T = decltype(t);
     using UV = decltype(uvt);
     semisep::matvec<T, UV>(dm, k.attrs.causal, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(), k[3].data<T>(),
-                           static_cast<const UV*>(k[4].raw()), static_cast<const UV*>(k[5].raw()), k.out.data<T>(),
-                           k.workspace);
+                           static_cast<const UV*>(k[4].raw()), static_cast<const UV*>(k[5].raw()),
+                           k.in.size() > 6 ? k[6].data<T>() : nullptr, k.out.data<T>(), k.workspace);
   });
 }
 AD_CUDA_ONLY(void semiseparable_matvec_cuda(const KernelArgs& k) {
@@ -109,7 +162,7 @@ AD_CUDA_ONLY(void semiseparable_matvec_cuda(const KernelArgs& k) {
 })
 double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
   double r = static_cast<double>(a[4].shape[1]);
-  return static_cast<double>(out.shape.numel()) * ((a.attrs.causal ? 6 : 4) * r + 5);
+  return static_cast<double>(out.shape.numel()) * ((a.attrs.causal ? 6 : a.in.size() > 6 ? 2 : 4) * r + 5);
 }
 std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta&) {
   return static_cast<std::int64_t>(
@@ -121,8 +174,21 @@ void semiseparable_matvec_bwd(BackwardArgs& a) {
   if (!mask) return;
   Attrs at = a.attrs;
   at.which = mask;
-  Var buf = make_node(OpId::semiseparable_matvec_backward,
-                      {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.dout}, at);
+  // W (input 6, when given) gets no gradient of its own: this node's dx and dv
+  // already hold the part that flows through W = V^T x. That holds only for the
+  // W of this very x and v.
+  if (a.in.size() > 6) {
+    const Node& w = a.in[6].graph()->node(a.in[6].id());
+    if (w.op != OpId::semiseparable_sums || w.inputs.size() != 2 || w.inputs[0] != a.in[0].id() ||
+        w.inputs[1] != a.in[5].id())
+      throw Error(fmt::format("semiseparable_matvec: input w ({}) must be semiseparable_sums(x, v) of this node's x and "
+                              "v: the backward forms the gradient through W = V^T x itself",
+                              describe(w.meta)));
+  }
+  Var buf = a.in.size() > 6 ? make_node(OpId::semiseparable_matvec_backward,
+                                        {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.dout, a.in[6]}, at)
+                            : make_node(OpId::semiseparable_matvec_backward,
+                                        {a.in[0], a.in[1], a.in[2], a.in[3], a.in[4], a.in[5], a.dout}, at);
   const Shape& x = a.in[0].shape();
   auto off = grad_offsets(mask, grad_sizes(x[0], x[1], x[2], a.in[4].shape()[1]));
   for (std::size_t i = 0; i < 6; ++i) {
@@ -132,23 +198,34 @@ void semiseparable_matvec_bwd(BackwardArgs& a) {
   }
 }
 const OpDef op_def_semiseparable_matvec{
-    .name = "semiseparable_matvec", .args = "x,t_diag,t_upper,t_lower,u,v", .arity = 6,
+    .name = "semiseparable_matvec", .args = "x,t_diag,t_upper,t_lower,u,v,w", .arity = -1,
     .infer = infer_semiseparable_matvec, .cpu = semiseparable_matvec_cpu,
     .cuda = AD_CUDA_FN(semiseparable_matvec_cuda), .backward = semiseparable_matvec_bwd,
-    .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5),
+    .saves = saves_input(0) | saves_input(1) | saves_input(2) | saves_input(3) | saves_input(4) | saves_input(5) |
+             saves_input(6),
     .flops = semiseparable_matvec_flops, .workspace = semiseparable_matvec_ws};
 Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
                          const Operand& u, const Operand& v, bool causal) {
   Attrs at;
   at.causal = causal;
-  return make_node(OpId::semiseparable_matvec, {x, t_diag, t_upper, t_lower, u, v}, at);
+  Var y = make_node(OpId::semiseparable_matvec, {x, t_diag, t_upper, t_lower, u, v}, at);
+  // Full, on the CPU: W = V^T x as its own node (B r D values) that the
+  // backward reads, so it makes one pass over x and v fewer. (The CUDA kernels
+  // form W themselves; the node above has then checked every input.)
+  const Meta& m = y.graph()->node(y.id()).meta;
+  if (causal || m.device.kind != DeviceKind::cpu) return y;
+  y.graph()->drop_last(y.id());
+  Var w = make_node(OpId::semiseparable_sums, {x, v}, at);
+  return make_node(OpId::semiseparable_matvec, {x, t_diag, t_upper, t_lower, u, v, w}, at);
 }
 
-// ---- semiseparable_matvec_backward ----  (x, t_diag, t_upper, t_lower, u, v, dy) -> one flat
-// buffer holding the gradients selected by attrs.which (bit i = input i), in input order.
+// ---- semiseparable_matvec_backward ----  (x, t_diag, t_upper, t_lower, u, v, dy (, w)) -> one
+// flat buffer holding the gradients selected by attrs.which (bit i = input i), in input order.
 Meta infer_semiseparable_matvec_backward(const InferArgs& a) {
   SemisepShape s = check_semisep(a, true);
-  if (a[6].shape != a[0].shape || a[6].dtype != a[0].dtype) fail_shapes(a, "dy must match x");
+  if (a.in.size() < 7 || a[6].shape != a[0].shape || a[6].dtype != a[0].dtype || !(a[6].device == a[0].device))
+    fail_shapes(a, "dy must match x");
+  check_w(a, s, 7);
   auto off = grad_offsets(a.attrs.which, grad_sizes(s.B, s.N, s.D, s.r));
   return Meta{Shape{off[6]}, a[0].dtype, a[0].device};
 }
@@ -165,7 +242,8 @@ void semiseparable_matvec_backward_cpu(const KernelArgs& k) {
     semisep::MatvecGrads<T> g{at(0), at(1), at(2), at(3), at(4), at(5)};
     semisep::matvec_backward<T, UV>(dm, k.attrs.causal, k[0].data<T>(), k[1].data<T>(), k[2].data<T>(),
                                     k[3].data<T>(), static_cast<const UV*>(k[4].raw()),
-                                    static_cast<const UV*>(k[5].raw()), k[6].data<T>(), g, k.workspace);
+                                    static_cast<const UV*>(k[5].raw()), k.in.size() > 7 ? k[7].data<T>() : nullptr,
+                                    k[6].data<T>(), g, k.workspace);
   });
 }
 // The same buffer layout and workspace (two regions of chunk sums) as the CPU.
@@ -185,14 +263,14 @@ AD_CUDA_ONLY(void semiseparable_matvec_backward_cuda(const KernelArgs& k) {
 })
 double semiseparable_matvec_backward_flops(const InferArgs& a, const Meta&) {
   double r = static_cast<double>(a[4].shape[1]);
-  return static_cast<double>(a[0].shape.numel()) * ((a.attrs.causal ? 10 : 8) * r + 12);
+  return static_cast<double>(a[0].shape.numel()) * ((a.attrs.causal ? 10 : a.in.size() > 7 ? 6 : 8) * r + 12);
 }
 std::int64_t semiseparable_matvec_backward_ws(const InferArgs& a, const Meta&) {
   return static_cast<std::int64_t>(
       semisep::matvec_backward_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
 }
 const OpDef op_def_semiseparable_matvec_backward{
-    .name = "semiseparable_matvec_backward", .args = "x,t_diag,t_upper,t_lower,u,v,dy", .arity = 7,
+    .name = "semiseparable_matvec_backward", .args = "x,t_diag,t_upper,t_lower,u,v,dy,w", .arity = -1,
     .infer = infer_semiseparable_matvec_backward, .cpu = semiseparable_matvec_backward_cpu,
     .cuda = AD_CUDA_FN(semiseparable_matvec_backward_cuda),
     .no_grad = "double backward is not supported", .flops = semiseparable_matvec_backward_flops,

@@ -540,6 +540,17 @@ template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const U
   parallel::parallel_for(dm.B * dm.chunks(), 2.0 * static_cast<double>(dm.B * dm.N * dm.r * dm.D),
                          [&](i64 t) { run(task, t); });
 }
+// Slot 0 of each b's chunk sums <- W = V^T x[b]: copied from w (B, r, D) when
+// given (semiseparable_sums formed it, the same bits), else formed here.
+template <class T, class UV> void total_sums(const Dims& dm, const T* x, const UV* v, const T* w, T* S) {
+  const i64 rD = dm.r * dm.D;
+  if (!w) {
+    chunk_sums(dm, x, v, S);
+    combine(dm, rD, S, Scan::total);
+    return;
+  }
+  for (i64 b = 0; b < dm.B; ++b) std::copy_n(w + b * rD, rD, S + b * dm.chunks() * rD);
+}
 }  // namespace
 
 namespace {
@@ -576,17 +587,14 @@ std::size_t matvec_ws_bytes(const Dims& dm, std::size_t elem) {
 // causal y_i = lo x_{i-1} + d x_i + u_i . (S_<c + P_i), P_i = sum_{c0<=j<=i} v_j (x) x_j.
 template <class T, class UV>
 void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u, const UV* v,
-            T* y, void* ws) {
+            const T* w, T* y, void* ws) {
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
   Carve cv{static_cast<char*>(ws)};
   T* S = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
   const bool stream = streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(y, D);
   MatvecTask<T> task{dm, causal, x, d, up, lo, row_source<T>(u, N, r), row_source<T>(v, N, r), y, S, stream};
   if (!causal || r == 0 || D == 0) {
-    if (r > 0 && D > 0) {
-      chunk_sums(dm, x, v, S);
-      combine(dm, rD, S, Scan::total);
-    }
+    if (r > 0 && D > 0) total_sums(dm, x, v, w, S);
     parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)),
                            [&](i64 t) { run(task, t); });
     return;
@@ -617,6 +625,15 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   }
 }
 
+std::size_t sums_ws_bytes(const Dims& dm, std::size_t elem) { return matvec_ws_bytes(dm, elem); }
+template <class T, class UV> void sums(const Dims& dm, const T* x, const UV* v, T* w, void* ws) {
+  const i64 rD = dm.r * dm.D;
+  if (rD == 0) return;
+  T* S = static_cast<T*>(ws);
+  total_sums(dm, x, v, static_cast<const T*>(nullptr), S);
+  for (i64 b = 0; b < dm.B; ++b) std::copy_n(S + b * dm.chunks() * rD, rD, w + b * rD);
+}
+
 std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
   Carve c;
   c.take<char>(dm.B * dm.chunks() * dm.r * dm.D * static_cast<i64>(elem));
@@ -632,15 +649,17 @@ std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem) {
 // the parameter gradients belong to one task: sums over b in order).
 template <class T, class UV>
 void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
-                     const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws) {
+                     const UV* v, const T* w, const T* dy, const MatvecGrads<T>& g, void* ws) {
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
   Carve cv{static_cast<char*>(ws)};
   T* Sx = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
   T* Sg = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
   const bool need_x = g.du && r > 0 && D > 0, need_g = (g.dx || g.dv) && r > 0 && D > 0;
-  if (need_x) {
+  if (need_x && !causal) {
+    total_sums(dm, x, v, w, Sx);
+  } else if (need_x) {
     chunk_sums(dm, x, v, Sx);
-    combine(dm, rD, Sx, causal ? Scan::prefix : Scan::total);
+    combine(dm, rD, Sx, Scan::prefix);
   }
   if (need_g) {
     chunk_sums(dm, dy, u, Sg);
@@ -770,10 +789,11 @@ void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T
 }
 
 #define AD_MATVEC_INST(T, UV)                                                                                      \
-  template void matvec<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*, const UV*, T*, \
-                              void*);                                                                              \
+  template void matvec<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*, const UV*,     \
+                              const T*, T*, void*);                                                                \
+  template void sums<T, UV>(const Dims&, const T*, const UV*, T*, void*);                                         \
   template void matvec_backward<T, UV>(const Dims&, bool, const T*, const T*, const T*, const T*, const UV*,       \
-                                       const UV*, const T*, const MatvecGrads<T>&, void*);
+                                       const UV*, const T*, const T*, const MatvecGrads<T>&, void*);
 AD_MATVEC_INST(float, float)
 AD_MATVEC_INST(float, Bf16)
 AD_MATVEC_INST(float, F16)

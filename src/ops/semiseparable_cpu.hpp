@@ -46,18 +46,26 @@ struct Carve {
 // ---- semiseparable_matvec ----  y[b] = H x[b], H = T + U V^T (causal: the
 // lower triangle of H: d, lo and tril(U V^T) including its diagonal).
 // x, y (B, N, D); u, v (N, r) stored as T, or as bf16/f16 with T = float.
+// w: W = V^T x per b, (B, r, D), as semiseparable_sums forms it, or nullptr
+// (formed here). Only the full product reads it; causal ignores it.
 std::size_t matvec_ws_bytes(const Dims& dm, std::size_t elem);
 template <class T, class UV>
 void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u, const UV* v,
-            T* y, void* ws);
+            const T* w, T* y, void* ws);
+
+// ---- semiseparable_sums ----  W[b] = V^T x[b] (B, r, D): the chunk sums
+// combined in double in chunk order, the same bits matvec forms itself.
+std::size_t sums_ws_bytes(const Dims& dm, std::size_t elem);
+template <class T, class UV> void sums(const Dims& dm, const T* x, const UV* v, T* w, void* ws);
 
 // The gradients of semiseparable_matvec for dy = dL/dy; a nullptr output is
 // not formed. dup is all zero when causal (t_upper is unused).
 template <class T> struct MatvecGrads { T *dx = nullptr, *dd = nullptr, *dup = nullptr, *dlo = nullptr, *du = nullptr, *dv = nullptr; };
 std::size_t matvec_backward_ws_bytes(const Dims& dm, std::size_t elem);
+// w as for matvec: given, the full backward's first pass reads only dy and u.
 template <class T, class UV>
 void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const UV* u,
-                     const UV* v, const T* dy, const MatvecGrads<T>& g, void* ws);
+                     const UV* v, const T* w, const T* dy, const MatvecGrads<T>& g, void* ws);
 
 // The errors of a failed solve, shared by the CPU and CUDA paths (ad::Error
 // naming `op`): a zero or non-finite Thomas pivot at `row`, and a singular
