@@ -107,6 +107,7 @@ Meta infer_semiseparable_sums(const InferArgs& a) {
     fail_shapes(a, "dtype mismatch: v must have x's dtype, or be bf16/f16 when x is f32");
   if (x.shape.rank() != 3 || v.shape.rank() != 2 || v.shape[0] != x.shape[1])
     fail_shapes(a, "expects x (B, N, D) and v (N, r)");
+  if (x.shape[1] < 1) fail_shapes(a, "the sequence length N = x.shape[1] must be >= 1");
   return Meta{Shape{x.shape[0], v.shape[1], x.shape[2]}, x.dtype, x.device};
 }
 void semiseparable_sums_cpu(const KernelArgs& k) {
@@ -117,6 +118,17 @@ void semiseparable_sums_cpu(const KernelArgs& k) {
     semisep::sums<T, UV>(dm, k[0].data<T>(), static_cast<const UV*>(k[1].raw()), k.out.data<T>(), k.workspace);
   });
 }
+// On a GPU (the builder does not split the product there; this serves the op
+// table's rule that every op runs on both): one batched GEMM, V shared by every b.
+AD_CUDA_ONLY(void semiseparable_sums_cuda(const KernelArgs& k) {
+  if (k[1].dtype() != k[0].dtype())
+    kernel_fail("semiseparable_sums", fmt::format("no CUDA kernel for v of dtype {} with x {} (bf16/f16 V runs on the "
+                                                  "CPU only)", dtype_name(k[1].dtype()), dtype_name(k[0].dtype())));
+  const Shape& xs = k[0].shape();
+  const i64 B = xs[0], N = xs[1], D = xs[2], r = k[1].shape()[1];
+  if (B * r * D == 0) return;
+  cuda_k::gemm(k[0].dtype(), true, false, B, r, D, N, k[1].raw(), 0, k[0].raw(), N * D, k.out.raw(), r * D);
+})
 void semiseparable_sums_bwd(BackwardArgs& a) {
   const Var &x = a.in[0], &v = a.in[1];
   if (a.needs[0]) a.grad[0] = matmul(v.dtype() == x.dtype() ? v : cast(v, x.dtype()), a.dout);
@@ -127,11 +139,12 @@ void semiseparable_sums_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_semiseparable_sums{
     .name = "semiseparable_sums", .args = "x,v", .arity = 2, .infer = infer_semiseparable_sums,
-    .cpu = semiseparable_sums_cpu, .backward = semiseparable_sums_bwd, .saves = saves_input(0) | saves_input(1),
+    .cpu = semiseparable_sums_cpu, .cuda = AD_CUDA_FN(semiseparable_sums_cuda), .backward = semiseparable_sums_bwd, .saves = saves_input(0) | saves_input(1),
     .flops = [](const InferArgs& a, const Meta&) {
       return 2.0 * static_cast<double>(a[0].shape.numel()) * static_cast<double>(a[1].shape[1]);
     },
-    .workspace = [](const InferArgs& a, const Meta&) {
+    .workspace = [](const InferArgs& a, const Meta& out) {
+      if (out.device.kind == DeviceKind::cuda) return std::int64_t{0};
       return static_cast<std::int64_t>(
           semisep::sums_ws_bytes(dims_of(a[0].shape, a[1].shape[1], a.attrs), dtype_size(a[0].dtype)));
     }};
