@@ -97,6 +97,32 @@ template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __rest
   for (; i < n; ++i) t += a[i] * b[i];
   return t;
 }
+// dot() of four pairs of f32 rows at once (row p: a + p sa, b + p sb; n a
+// multiple of 16): the same products and the same tree per row as dot(), but
+// the four trees share their shuffles (one add per level for all four).
+AD_ALWAYS_INLINE void dot4(const float* __restrict a, i64 sa, const float* __restrict b, i64 sb, i64 n, float* out) {
+  typedef float V __attribute__((vector_size(64)));
+  V acc[4] = {};
+  for (i64 i = 0; i < n; i += 16)
+    for (int p = 0; p < 4; ++p) {
+      V va, vb;
+      std::memcpy(&va, a + p * sa + i, sizeof(V));
+      std::memcpy(&vb, b + p * sb + i, sizeof(V));
+      acc[p] += va * vb;
+    }
+  // lane j + lane j + 8: rows 0, 1 then rows 2, 3 side by side
+  V s01 = __builtin_shufflevector(acc[0], acc[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+          __builtin_shufflevector(acc[0], acc[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  V s23 = __builtin_shufflevector(acc[2], acc[3], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+          __builtin_shufflevector(acc[2], acc[3], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // lane j + lane j + 4: quad p holds row p's l0..l3
+  V q = __builtin_shufflevector(s01, s23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+        __builtin_shufflevector(s01, s23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  // (l0 + l2) + (l1 + l3)
+  V e = q + __builtin_shufflevector(q, q, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+  V t = e + __builtin_shufflevector(e, e, 1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
+  for (int p = 0; p < 4; ++p) out[p] = t[4 * p];
+}
 // Stored bf16/f16 elements [first, first + n) converted to f32 (exact); the
 // next n (up to `end`) prefetched, so a task's next block is on its way while
 // it works on this one.
@@ -469,7 +495,31 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
     // (T^T dy)_j: dx_j alone without U V^T, else its start in the sweeps below
     const Band<T> band{gb, causal ? nullptr : up, d, lo, i0, N};
-    for (i64 t = 0; t < n; ++t) {  // the band of T
+    i64 t0 = 0;
+    if constexpr (std::is_same_v<T, float>) {  // four rows at a time, each with a next row (same bits)
+      const bool want_up = g.dup && !causal;
+      if (D > 0 && D % 16 == 0)
+        for (; t0 + 4 <= n && i0 + t0 + 4 < N; t0 += 4) {
+          const i64 i = i0 + t0;
+          const T *xi = xb + t0 * D, *gi = gb + t0 * D;
+          float s[4];
+          if (g.dd) {
+            dot4(gi, D, xi, D, D, s);
+            for (int p = 0; p < 4; ++p) g.dd[i + p] += s[p];
+          }
+          if (want_up) {
+            dot4(gi, D, xi + D, D, D, s);
+            for (int p = 0; p < 4; ++p) g.dup[i + p] += s[p];
+          }
+          if (g.dlo) {
+            dot4(gi + D, D, xi, D, D, s);
+            for (int p = 0; p < 4; ++p) g.dlo[i + p] += s[p];
+          }
+          if (dxb && !rank)
+            for (i64 p = 0; p < 4; ++p) band.row(dxb + (t0 + p) * D, D, t0 + p);
+        }
+    }
+    for (i64 t = t0; t < n; ++t) {  // the band of T
       i64 i = i0 + t;
       const T *xi = xb + t * D, *gi = gb + t * D;
       if (g.dd) g.dd[i] += dot(gi, xi, D);
