@@ -55,7 +55,8 @@ semisep::Dims dims_of(const Shape& x, i64 r, const Attrs& at) {
 // The optional input W = V^T x (B, r, D) at index `i`, from semiseparable_sums.
 void check_w(const InferArgs& a, const SemisepShape& s, std::size_t i) {
   if (a.in.size() > i + 1) fail_shapes(a, fmt::format("expects at most {} inputs, got {}", i + 1, a.in.size()));
-  if (a.in.size() == i + 1 && (a[i].shape != Shape{s.B, s.r, s.D} || a[i].dtype != a[0].dtype || !(a[i].device == a[0].device)))
+  if (a.in.size() == i + 1 &&
+      (a[i].shape != Shape{s.B, s.r, s.D} || a[i].dtype != a[0].dtype || !(a[i].device == a[0].device)))
     fail_shapes(a, fmt::format("w must be V^T x: ({}, {}, {}) in x's dtype and device", s.B, s.r, s.D));
 }
 
@@ -139,7 +140,8 @@ void semiseparable_sums_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_semiseparable_sums{
     .name = "semiseparable_sums", .args = "x,v", .arity = 2, .infer = infer_semiseparable_sums,
-    .cpu = semiseparable_sums_cpu, .cuda = AD_CUDA_FN(semiseparable_sums_cuda), .backward = semiseparable_sums_bwd, .saves = saves_input(0) | saves_input(1),
+    .cpu = semiseparable_sums_cpu, .cuda = AD_CUDA_FN(semiseparable_sums_cuda), .backward = semiseparable_sums_bwd,
+    .saves = saves_input(0) | saves_input(1),
     .flops = [](const InferArgs& a, const Meta&) {
       return 2.0 * static_cast<double>(a[0].shape.numel()) * static_cast<double>(a[1].shape[1]);
     },
