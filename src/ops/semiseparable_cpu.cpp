@@ -590,9 +590,10 @@ template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const U
   parallel::parallel_for(dm.B * dm.chunks(), 2.0 * static_cast<double>(dm.B * dm.N * dm.r * dm.D),
                          [&](i64 t) { run(task, t); });
 }
-// Slot 0 of each b's chunk sums <- W = V^T x[b]: copied from w (B, r, D) when
-// given (semiseparable_sums formed it, the same bits), else formed here.
-template <class T, class UV> void total_sums(const Dims& dm, const T* x, const UV* v, const T* w, T* S) {
+// Slot 0 of each b's chunk sums S <- V^T x[b] (r x width(x)): copied from w
+// (B, r, D) when given (semiseparable_sums formed it, the same bits), else
+// formed here (the chunk sums, combined in double in chunk order).
+template <class T, class UV> void total_sums(const Dims& dm, const T* x, const UV* v, T* S, const T* w = nullptr) {
   const i64 rD = dm.r * dm.D;
   if (!w) {
     chunk_sums(dm, x, v, S);
@@ -644,7 +645,7 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   const bool stream = streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(y, D);
   MatvecTask<T> task{dm, causal, x, d, up, lo, row_source<T>(u, N, r), row_source<T>(v, N, r), y, S, stream};
   if (!causal || r == 0 || D == 0) {
-    if (r > 0 && D > 0) total_sums(dm, x, v, w, S);
+    if (r > 0 && D > 0) total_sums(dm, x, v, S, w);
     parallel::parallel_for(B * nc, static_cast<double>(B * N * D * (2 * r + 6)),
                            [&](i64 t) { run(task, t); });
     return;
@@ -680,7 +681,7 @@ template <class T, class UV> void sums(const Dims& dm, const T* x, const UV* v, 
   const i64 rD = dm.r * dm.D;
   if (rD == 0) return;
   T* S = static_cast<T*>(ws);
-  total_sums(dm, x, v, static_cast<const T*>(nullptr), S);
+  total_sums(dm, x, v, S);
   for (i64 b = 0; b < dm.B; ++b) std::copy_n(S + b * dm.chunks() * rD, rD, w + b * rD);
 }
 
@@ -706,7 +707,7 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
   T* Sg = reinterpret_cast<T*>(cv.take<char>(B * nc * rD * static_cast<i64>(sizeof(T))));
   const bool need_x = g.du && r > 0 && D > 0, need_g = (g.dx || g.dv) && r > 0 && D > 0;
   if (need_x && !causal) {
-    total_sums(dm, x, v, w, Sx);
+    total_sums(dm, x, v, Sx, w);
   } else if (need_x) {
     chunk_sums(dm, x, v, Sx);
     combine(dm, rD, Sx, Scan::prefix);
@@ -764,14 +765,12 @@ void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, cons
   tridiag_solve(op, N, B, D, d, up, lo, x, y, false, tws);  // y = T^-1 x (checks the pivots first)
   if (r == 0) return;
   tridiag_solve(op, N, 1, r, d, up, lo, u, Z, false, tws);  // Z = T^-1 U
-  chunk_sums(dc, Z, v, S);                                   // V^T Z
-  combine(dc, r * r, S, Scan::total);
+  total_sums(dc, Z, v, S);                                   // V^T Z
   for (i64 k = 0; k < r; ++k)
     for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
   if (!lu_factor(C, r, piv)) fail_capacitance(op, r);
   if (D == 0 || B == 0) return;
-  chunk_sums(dm, y, v, S);  // W_b = V^T y_b
-  combine(dm, rD, S, Scan::total);
+  total_sums(dm, y, v, S);  // W_b = V^T y_b
   parallel::parallel_for(B, static_cast<double>(B * D * r * r * 2), [&](i64 b) {
     std::vector<double> tmp(static_cast<std::size_t>(r));
     T* W = S + b * nc * rD;
@@ -806,10 +805,8 @@ void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T
   T* Bm = A + B * nc * rD;
   woodbury_solve(op, dm, g, d, up, lo, u, v, lam, true, sws);  // lam = H^-T g
   if (r > 0 && D > 0) {
-    chunk_sums(dm, y, v, A);  // V^T y_b
-    combine(dm, rD, A, Scan::total);
-    chunk_sums(dm, lam, u, Bm);  // U^T lam_b
-    combine(dm, rD, Bm, Scan::total);
+    total_sums(dm, y, v, A);     // V^T y_b
+    total_sums(dm, lam, u, Bm);  // U^T lam_b
   }
   parallel::parallel_for(nc, static_cast<double>(B * N * D * (4 * r + 6)), [&](i64 c) {
     i64 i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
