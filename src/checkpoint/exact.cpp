@@ -31,12 +31,15 @@
 // finds the cheapest schedule whose peak is <= B (or proves that no schedule
 // beats the best fixed candidate there), then moves B below that point's
 // peak, and so on down. Each point joins budget()'s candidate list, so
-// lowering the budget still never raises the peak. The searches share a
-// state cap. Where a min-cost search gives up, the point is the best fixed
+// lowering the budget still never raises the peak. The min-cost searches
+// share a state cap. Where one gives up, the point is the best fixed
 // candidate at B; below every fixed candidate the sweep looks for feasible
-// schedules only: a weighted A* (g + 3h) for a cheap one, else a best-first
-// search on the peak, whose first goal has the least peak of all (the sweep
-// ends there). The sweep stops early once the budget is settled: a point at
+// schedules only, from a reserve of states of their own: a weighted A*
+// (g + 3h) for a cheap one; else one with the targets last (the sinks
+// first, by a search that never holds a target, then the targets computed
+// again from nothing present: a target held through the backward pass, the
+// loss, adds its bytes to every step there); else a best-first search on the
+// peak, whose first goal has the least peak of all (the sweep ends there). The sweep stops early once the budget is settled: a point at
 // or under the budget proven cheapest at its level, followed by a proof that
 // nothing below its peak costs as little; the truncated sweep picks the same
 // plan as the whole one would.
@@ -60,17 +63,29 @@ using Mask = std::uint64_t;
 constexpr Mask bit(int k) { return Mask{1} << k; }
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// One step of a search's path: compute a value, then free some (bits of the
+// search's value index, the same in every Search of one problem).
+struct Step {
+  int via;
+  Mask dropped;
+};
+
 struct Outcome {
   enum class Status { found, none, gave_up } status = Status::none;
   double cost = 0;         // recompute flops of the schedule found
   std::int64_t peak = 0;   // its peak in the search's model
   std::size_t expanded = 0;
-  Schedule s;
+  std::vector<Step> path;  // the schedule found, as steps
 };
+
+// Which of the problem's requirements a search meets: all of them, or (a
+// schedule in two parts, "targets last") only the sinks, then only the targets
+// from nothing present.
+enum class Part { whole, sinks, targets };
 
 class Search {
  public:
-  explicit Search(const Problem& p) {
+  explicit Search(const Problem& p, Part part = Part::whole) {
     std::vector<int> index(static_cast<std::size_t>(p.hi + 1), -1);
     for (auto v : p.order) {
       if (n_ == kExactValues) { usable_ = false; return; }
@@ -100,20 +115,29 @@ class Search {
       step_.push_back(p.bytes[v] + p.ws[v]);
       flops_.push_back(p.flops[v]);
       base_ += p.flops[v];
-      if (p.is_sink(id_[k])) sinks_ |= bit(static_cast<int>(k));
-      if (p.is_target(id_[k])) targets_ |= bit(static_cast<int>(k));
+      if (part != Part::targets && p.is_sink(id_[k])) sinks_ |= bit(static_cast<int>(k));
+      if (part != Part::sinks && p.is_target(id_[k])) targets_ |= bit(static_cast<int>(k));
     }
     for (std::size_t k = 0; k < n; ++k)
       if (group_[k] != bit(static_cast<int>(k)) && (owners_ & bit(static_cast<int>(k)))) shared_.push_back(static_cast<int>(k));
   }
   bool usable() const { return usable_; }
+  bool has_sinks() const { return sinks_ != 0; }
+  bool has_targets() const { return targets_ != 0; }
+  // Appends a path's steps to b.
+  void replay(Builder& b, const std::vector<Step>& path) const {
+    for (const Step& st : path) {
+      b.compute(id_[static_cast<std::size_t>(st.via)]);
+      for (Mask f = st.dropped; f; f &= f - 1) b.free(id_[static_cast<std::size_t>(std::countr_zero(f))]);
+    }
+  }
 
   enum class Goal {
     cheapest,  // the least flops (then the least peak) with peak <= budget and recompute flops < below
     quick,     // some schedule with peak <= budget, cheap but not proven cheapest (weighted A*: g + 3h)
     lowest,    // the least peak (then flops) of any schedule with peak <= budget (best-first on the peak)
   };
-  Outcome run(const Problem& p, Goal goal, std::int64_t budget, double below, std::size_t cap) const {
+  Outcome run(Goal goal, std::int64_t budget, double below, std::size_t cap) const {
     std::vector<State> st;
     std::unordered_map<Key, std::uint32_t, KeyHash> seen;
     seen.reserve(std::min<std::size_t>(cap, 1 << 16));
@@ -162,7 +186,8 @@ class Search {
         out.status = Outcome::Status::found;
         out.cost = cur.g - base_;
         out.peak = cur.bn;
-        out.s = rebuild(p, st, e);
+        for (auto x = e; st[x].via >= 0; x = st[x].from) out.path.push_back({st[x].via, st[x].dropped});
+        std::reverse(out.path.begin(), out.path.end());
         return out;
       }
       if (++out.expanded > cap) { out.status = Outcome::Status::gave_up; return out; }
@@ -239,17 +264,6 @@ class Search {
     return h;
   }
 
-  Schedule rebuild(const Problem& p, const std::vector<State>& st, std::uint32_t e) const {
-    std::vector<std::uint32_t> path;
-    for (auto x = e; st[x].via >= 0; x = st[x].from) path.push_back(x);
-    Builder b(p);
-    for (auto it = path.rbegin(); it != path.rend(); ++it) {
-      const State& s = st[*it];
-      b.compute(id_[static_cast<std::size_t>(s.via)]);
-      for (Mask f = s.dropped; f; f &= f - 1) b.free(id_[static_cast<std::size_t>(std::countr_zero(f))]);
-    }
-    return b.finish();
-  }
 
   bool usable_ = true;
   int n_ = 0;
@@ -278,7 +292,13 @@ class Sweep {
     std::int64_t level;   // the level it was searched at
   };
   Sweep(const Problem& p, std::vector<FixedPoint> fixed, std::int64_t top)
-      : search_(p), fixed_(std::move(fixed)), lb_(p.lower_bound()), level_(top - 1), done_(!search_.usable()) {}
+      : search_(p),
+        sinks_part_(p, Part::sinks),
+        targets_part_(p, Part::targets),
+        fixed_(std::move(fixed)),
+        lb_(p.lower_bound()),
+        level_(top - 1),
+        done_(!search_.usable()) {}
   std::mutex m;
   const std::vector<Point>& points() const { return points_; }
   // over, and its last level proved nothing fits below it: the least peak
@@ -289,12 +309,14 @@ class Sweep {
 
   // Appends the next point; false when the sweep is over.
   bool next(const Problem& p, bool reuse) {
-    while (!done_ && level_ >= lb_ && left_ > 0) {
+    while (!done_ && level_ >= lb_ && left_ + low_left_ > 0) {
       const FixedPoint* f = best_fixed(level_);
       Outcome r;
       r.status = Outcome::Status::gave_up;
+      const Search* by = &search_;  // whose path r holds
+      std::vector<Step> tail;       // targets last: the targets' part, after r's
       if (cheapest_ || f) {
-        r = search_.run(p, Search::Goal::cheapest, level_, f ? f->cost : kInf, std::min(left_, kExactStatesPerSearch));
+        r = search_.run(Search::Goal::cheapest, level_, f ? f->cost : kInf, take(kExactStatesPerSearch));
         left_ -= std::min(left_, r.expanded);
         // the very first search is the cheapest of all: if it gives up, the
         // problem is beyond this tier's reach
@@ -311,25 +333,33 @@ class Sweep {
         break;
       } else {
         // below every fixed candidate and out of reach of a min-cost search:
-        // a cheap schedule that fits, else the one with the least peak of all
+        // a cheap schedule that fits, else one with the targets last, else
+        // the one with the least peak of all
         cheapest_ = false;
-        r = search_.run(p, Search::Goal::quick, level_, kInf, std::min(left_, kExactStatesPerSearch / 5));
-        left_ -= std::min(left_, r.expanded);
+        r = search_.run(Search::Goal::quick, level_, kInf, take_low(kExactStatesPerSearch / 5));
+        low_left_ -= std::min(low_left_, r.expanded);
+        if (r.status != Outcome::Status::found && targets_last(r, tail)) by = &sinks_part_;
         if (r.status != Outcome::Status::found) {
-          r = search_.run(p, Search::Goal::lowest, level_, kInf, left_);
-          left_ -= std::min(left_, r.expanded);
+          r = search_.run(Search::Goal::lowest, level_, kInf, left_ + low_left_);
+          const std::size_t n = std::min(low_left_, r.expanded);  // from the reserve first
+          low_left_ -= n;
+          left_ -= std::min(left_, r.expanded - n);
           if (r.status != Outcome::Status::found) break;
           last = true;
         }
       }
       if (r.status == Outcome::Status::found) {
-        if (reuse) reuse_dying_inputs(p, r.s);
-        pt.cost = r.s.recompute_flops;
-        pt.peak = simulate_peak(p.g, r.s);
+        Builder b(p);
+        by->replay(b, r.path);
+        targets_part_.replay(b, tail);
+        Schedule s = b.finish();
+        if (reuse) reuse_dying_inputs(p, s);
+        pt.cost = s.recompute_flops;
+        pt.peak = simulate_peak(p.g, s);
         if (pt.peak > level_) break;  // the search's memory model disagrees: keep only what is simulated
         pt.index = static_cast<std::int32_t>(schedules_.size());
-        r.s.sinks.clear();  // kept past this plan: no hold on the user's parameters (each plan sets its own)
-        schedules_.push_back(std::move(r.s));
+        s.sinks.clear();  // kept past this plan: no hold on the user's parameters (each plan sets its own)
+        schedules_.push_back(std::move(s));
       }
       points_.push_back(pt);
       level_ = pt.peak - 1;
@@ -350,10 +380,37 @@ class Sweep {
     return b;
   }
 
-  Search search_;
+  std::size_t take(std::size_t n) const { return std::min(left_, n); }
+  std::size_t take_low(std::size_t n) const { return std::min(low_left_, n); }
+
+  // Targets last, at level_: the sinks first (a quick search that never
+  // holds a target), then the targets computed again from nothing present.
+  // A target held through the backward pass (the loss, say) adds its bytes
+  // to every step there; computing it last trades a second forward pass for
+  // them. On success r holds the sinks' path and tail the targets'.
+  bool targets_last(Outcome& r, std::vector<Step>& tail) {
+    if (!sinks_part_.has_sinks() || !targets_part_.has_targets()) return false;
+    Outcome t = targets_part_.run(Search::Goal::cheapest, level_, kInf, take_low(kExactStatesPerSearch / 5));
+    low_left_ -= std::min(low_left_, t.expanded);
+    if (t.status != Outcome::Status::found) return false;
+    Outcome a;
+    for (auto [goal, cap] : {std::pair{Search::Goal::cheapest, kExactStatesPerSearch * 3 / 5},
+                             std::pair{Search::Goal::quick, kExactStatesPerSearch / 5}}) {
+      a = sinks_part_.run(goal, level_, kInf, take_low(cap));
+      low_left_ -= std::min(low_left_, a.expanded);
+      if (a.status == Outcome::Status::found) break;
+    }
+    if (a.status != Outcome::Status::found) return false;
+    r = std::move(a);
+    tail = std::move(t.path);
+    return true;
+  }
+
+  Search search_, sinks_part_, targets_part_;
   std::vector<FixedPoint> fixed_;
   std::int64_t lb_, level_;
-  std::size_t left_ = kExactStates;
+  std::size_t left_ = kExactStates;       // states left for the min-cost searches
+  std::size_t low_left_ = kExactStatesLow;  // and for the feasibility searches below every fixed candidate
   bool cheapest_ = true;  // min-cost searches; after one gives up below every fixed candidate, feasibility only
   bool least_proven_ = false;  // the last search proved nothing fits below the last point
   bool done_;

@@ -111,10 +111,12 @@ struct FixedPoint {
   std::int64_t peak;
 };
 // The exact tier's reach: values to compute (joint graph nodes without a
-// value), and states it may expand per plan and per min-cost search (about
-// 1-5 us each: a plan spends at most ~0.2-1 s there, once, as plans are cached).
+// value), and states it may expand per plan in min-cost searches, per
+// min-cost search, and per plan in the feasibility searches below every fixed
+// candidate (about 1-5 us each: a plan spends at most ~0.25-1.3 s there,
+// once, as plans are cached).
 inline constexpr int kExactValues = 40;
-inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 50000;
+inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 50000, kExactStatesLow = 50000;
 // budget()'s exact tier (exact.cpp): on problems of at most kExactValues
 // values to compute, the (recompute flops, peak) Pareto frontier swept
 // down from `top` (keep_all's peak) by exact searches, each pruned by the
