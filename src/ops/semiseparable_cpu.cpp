@@ -276,8 +276,12 @@ template <class T, class V> AD_ALWAYS_INLINE void put(T* p, const V& v, bool str
 // registers: x_i and y_i are then touched once per 16 rows of M instead of
 // twice, same bits), the block of M stays in registers for the whole chunk
 // (GCC/Clang vector extension). y_i receives its terms in increasing k, as
-// the plain loop would; the block with the last rows of M stores y_i
-// streamed when `stream` (the caller checked rows_aligned).
+// the plain loop would. When one block covers all of M's rows (r <= 8, or
+// r == 16 with AVX-512), it stores y_i streamed when `stream` (the caller
+// checked rows_aligned). With more blocks y_i is written, read back and
+// written again: its lines are in cache by the last block, and a streamed
+// store over a cached line forces it out first (on an AVX2 EPYC host, r =
+// 16, causal, N = 2^22: 3.4x slower than plain stores, 2026-11-25).
 enum class Sweep { sums, mix, scan };
 template <int KN, int VB, Sweep mode, class T, class RowA, class RowB, class Start>
 AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
@@ -320,19 +324,19 @@ AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i6
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
       if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
-        sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && k0 + 16 == r);
+        sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
         k0 += 8;
         continue;
       }
-      const bool last = k0 + 8 >= r;
+      const bool only = first && r <= 8;  // the block finishes y's rows on their first touch
       switch (std::min<i64>(8, r - k0)) {
 #define AD_SWEEP_CASE(KN)                                                                                       \
   case KN:                                                                                                      \
-    sweep_block<KN, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && last); \
+    sweep_block<KN, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); \
     break;
         AD_SWEEP_CASE(8) AD_SWEEP_CASE(7) AD_SWEEP_CASE(6) AD_SWEEP_CASE(5)
         AD_SWEEP_CASE(4) AD_SWEEP_CASE(3) AD_SWEEP_CASE(2)
-        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && last); break;
+        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); break;
 #undef AD_SWEEP_CASE
       }
     }
