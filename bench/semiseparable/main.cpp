@@ -33,6 +33,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -83,7 +84,18 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
 }
-std::vector<float> randn(i64 n, ad::Rng& rng, double sd = 1.0) {
+// Buffers start on a 64-byte line, as the engine's allocator gives its
+// tensors (glibc's large allocations start 16 bytes past one).
+template <class T> struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U> Aligned64(const Aligned64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U> bool operator==(const Aligned64<U>&) const { return true; }
+};
+using fvec = std::vector<float, Aligned64<float>>;
+fvec randn(i64 n, ad::Rng& rng, double sd = 1.0) {
   ad::Tensor t = ad::Tensor::randn({n}, rng, ad::DType::f32, 0, sd);
   return {t.data<float>(), t.data<float>() + n};
 }
@@ -142,18 +154,18 @@ int main(int argc, char** argv) {
   for (int sweep = 0; sweep < sweeps; ++sweep)
   for (i64 l2 = lo2; l2 <= hi2; ++l2) {
     const i64 N = i64{1} << l2, nx = B * N * D;
-    std::vector<float> x = randn(nx, rng), dy = randn(nx, rng), y(static_cast<std::size_t>(nx)),
+    fvec x = randn(nx, rng), dy = randn(nx, rng), y(static_cast<std::size_t>(nx)),
                        dx(static_cast<std::size_t>(nx));
-    std::vector<float> d = randn(N, rng), up = randn(N - 1, rng), lo = randn(N - 1, rng);
-    std::vector<float> u = randn(N * r, rng, 1.0 / std::sqrt(static_cast<double>(r))),
+    fvec d = randn(N, rng), up = randn(N - 1, rng), lo = randn(N - 1, rng);
+    fvec u = randn(N * r, rng, 1.0 / std::sqrt(static_cast<double>(r))),
                        v = randn(N * r, rng, 1.0 / std::sqrt(static_cast<double>(N)));
-    std::vector<float> gd(static_cast<std::size_t>(N)), gu(static_cast<std::size_t>(N)), gl(static_cast<std::size_t>(N)),
+    fvec gd(static_cast<std::size_t>(N)), gu(static_cast<std::size_t>(N)), gl(static_cast<std::size_t>(N)),
         gU(static_cast<std::size_t>(N * r)), gV(static_cast<std::size_t>(N * r));
     ad::semisep::Dims dm = ad::semisep::make_dims(B, N, D, r, 0);
     std::vector<char> ws(ad::semisep::matvec_backward_ws_bytes(dm, sizeof(float)));
     // W = V^T x as the graph's semiseparable_sums node hands it to the full
     // backward (the forward timed below forms it itself: the op's two nodes)
-    std::vector<float> vtx(static_cast<std::size_t>(B * r * D));
+    fvec vtx(static_cast<std::size_t>(B * r * D));
     ad::semisep::sums<float, float>(dm, x.data(), v.data(), vtx.data(), ws.data());
     Row row{};
     row.n = N;
@@ -184,7 +196,7 @@ int main(int argc, char** argv) {
     row.bytes_bwd = 12.0 * static_cast<double>(nx) + 2 * small;
     row.dense = std::nan("");
     if (N <= dense_max) {
-      std::vector<float> h(static_cast<std::size_t>(N * N));
+      fvec h(static_cast<std::size_t>(N * N));
       for (i64 i = 0; i < N; ++i)
         for (i64 j = 0; j < N; ++j) {
           float a = 0;
