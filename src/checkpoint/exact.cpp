@@ -264,7 +264,6 @@ class Search {
     return h;
   }
 
-
   bool usable_ = true;
   int n_ = 0;
   std::vector<std::int32_t> id_;  // bit -> node id
@@ -383,11 +382,13 @@ class Sweep {
   std::size_t take(std::size_t n) const { return std::min(left_, n); }
   std::size_t take_low(std::size_t n) const { return std::min(low_left_, n); }
 
-  // Targets last, at level_: the sinks first (a quick search that never
-  // holds a target), then the targets computed again from nothing present.
-  // A target held through the backward pass (the loss, say) adds its bytes
-  // to every step there; computing it last trades a second forward pass for
-  // them. On success r holds the sinks' path and tail the targets'.
+  // Targets last, at level_: the sinks first (by a search that never holds
+  // a target: the cheapest within its share of states, else a weighted A*),
+  // then the targets computed again from nothing present (searched first:
+  // it is small, and without it the sinks' part is of no use). A target
+  // held through the backward pass (the loss, say) adds its bytes to every
+  // step there; computing it last trades a second forward pass for them.
+  // On success r holds the sinks' path and tail the targets'.
   bool targets_last(Outcome& r, std::vector<Step>& tail) {
     if (!sinks_part_.has_sinks() || !targets_part_.has_targets()) return false;
     Outcome t = targets_part_.run(Search::Goal::cheapest, level_, kInf, take_low(kExactStatesPerSearch / 5));
