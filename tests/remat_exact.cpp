@@ -217,3 +217,27 @@ TEST_CASE("remat: budget's exact tier computes the loss last where holding it do
     ad::test::check_bitwise(got, want);
   }
 }
+
+TEST_CASE("remat: budget's exact tier reaches a least peak only a depth-first search finds in time") {
+  // random(ops=6, seed=603): bench_remat's oracle proves 512 B the least peak
+  // (nothing fits at 511 B); the min-cost, weighted and targets-last searches
+  // give up below 576 B, a depth-first one (by flops left) gets to 512 B.
+  constexpr std::int64_t least = 512;
+  remat_bench::SmallGraph ref = remat_bench::random_dag(6, 603);
+  for (const auto& prm : ref.params) prm.zero_grad();
+  (void)ad::backward(ref.loss, ad::policy::keep_all());
+  remat_bench::SmallGraph sg = remat_bench::random_dag(6, 603);
+  for (const auto& prm : sg.params) prm.zero_grad();
+  const ad::Policy pol = no_reuse(ad::policy::budget(least));
+  const ad::Report rep = ad::backward(sg.loss, pol);
+  CHECK(rep.measured_peak_bytes == rep.predicted_peak_bytes);
+  CHECK(rep.measured_peak_bytes <= least);
+  std::vector<ad::Tensor> got{sg.loss.value()}, want{ref.loss.value()};
+  for (std::size_t i = 0; i < sg.params.size(); ++i) {
+    got.push_back(sg.params[i].grad());
+    want.push_back(ref.params[i].grad());
+  }
+  ad::test::check_bitwise(got, want);
+  for (const auto& prm : sg.params) prm.zero_grad();
+  CHECK_THROWS_AS((void)ad::plan_backward(sg.loss, no_reuse(ad::policy::budget(least - 1))), ad::BudgetError);
+}

@@ -38,8 +38,9 @@
 // (g + 3h) for a cheap one; else one with the targets last (the sinks
 // first, by a search that never holds a target, then the targets computed
 // again from nothing present: a target held through the backward pass, the
-// loss, adds its bytes to every step there); else a best-first search on the
-// peak, whose first goal has the least peak of all (the sweep ends there). The sweep stops early once the budget is settled: a point at
+// loss, adds its bytes to every step there); else any schedule, depth first
+// (children by flops left); else a best-first search on the peak, whose
+// first goal has the least peak of all (the sweep ends there). The sweep stops early once the budget is settled: a point at
 // or under the budget proven cheapest at its level, followed by a proof that
 // nothing below its peak costs as little; the truncated sweep picks the same
 // plan as the whole one would.
@@ -136,6 +137,7 @@ class Search {
     cheapest,  // the least flops (then the least peak) with peak <= budget and recompute flops < below
     quick,     // some schedule with peak <= budget, cheap but not proven cheapest (weighted A*: g + 3h)
     lowest,    // the least peak (then flops) of any schedule with peak <= budget (best-first on the peak)
+    deep,      // some schedule with peak <= budget, depth first (children by flops left, then live bytes)
   };
   Outcome run(Goal goal, std::int64_t budget, double below, std::size_t cap) const {
     std::vector<State> st;
@@ -150,13 +152,16 @@ class Search {
     };
     std::priority_queue<Item, std::vector<Item>, decltype(later)> open(later);
     const double limit = below + base_;  // total flops to beat
+    double child_depth = 0;                // deep: the depth of the children being pushed
     auto push = [&](Mask P, Mask D, double g, std::int64_t live, std::int64_t bn, std::uint32_t from, int via, Mask dropped) {
       std::uint32_t e;
       double h;
       if (auto it = seen.find(Key{P, D}); it != seen.end()) {  // a known state: its heuristic is known too
         e = it->second;
         State& o = st[e];
-        const bool better = goal == Goal::lowest ? bn < o.bn || (bn == o.bn && g < o.g) : g < o.g || (g == o.g && bn < o.bn);
+        const bool better = goal == Goal::deep     ? false
+                            : goal == Goal::lowest ? bn < o.bn || (bn == o.bn && g < o.g)
+                                                   : g < o.g || (g == o.g && bn < o.bn);
         if (o.closed || !better) return;
         h = o.h;
         if (g + h >= limit) return;
@@ -171,12 +176,14 @@ class Search {
       const auto b = static_cast<double>(bn);
       open.push(goal == Goal::cheapest ? Item{g + h, b, g, e}
                 : goal == Goal::quick  ? Item{g + 3 * h, b, g, e}
+                : goal == Goal::deep   ? Item{-child_depth, h + static_cast<double>(live) * 1e-9, g, e}
                                        : Item{b, g + h, g, e});
     };
     push(0, 0, 0, 0, 0, kNone, -1, 0);
     Outcome out;
     while (!open.empty()) {
       std::uint32_t e = open.top().e;
+      child_depth = 1 - open.top().key;
       open.pop();
       if (st[e].closed) continue;
       st[e].closed = true;
@@ -333,16 +340,18 @@ class Sweep {
       } else {
         // below every fixed candidate and out of reach of a min-cost search:
         // a cheap schedule that fits, else one with the targets last, else
-        // the one with the least peak of all
+        // any (depth first), else the one with the least peak of all
         cheapest_ = false;
         r = search_.run(Search::Goal::quick, level_, kInf, take_low(kExactStatesPerSearch / 5));
         low_left_ -= std::min(low_left_, r.expanded);
         if (r.status != Outcome::Status::found && targets_last(r, tail)) by = &sinks_part_;
         if (r.status != Outcome::Status::found) {
+          r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesPerSearch / 2));
+          spend(r.expanded);
+        }
+        if (r.status != Outcome::Status::found) {
           r = search_.run(Search::Goal::lowest, level_, kInf, left_ + low_left_);
-          const std::size_t n = std::min(low_left_, r.expanded);  // from the reserve first
-          low_left_ -= n;
-          left_ -= std::min(left_, r.expanded - n);
+          spend(r.expanded);
           if (r.status != Outcome::Status::found) break;
           last = true;
         }
@@ -381,6 +390,11 @@ class Sweep {
 
   std::size_t take(std::size_t n) const { return std::min(left_, n); }
   std::size_t take_low(std::size_t n) const { return std::min(low_left_, n); }
+  void spend(std::size_t n) {  // from the reserve first, then the min-cost searches' states
+    const std::size_t a = std::min(low_left_, n);
+    low_left_ -= a;
+    left_ -= std::min(left_, n - a);
+  }
 
   // Targets last, at level_: the sinks first (by a search that never holds
   // a target: the cheapest within its share of states, else a weighted A*),
