@@ -114,7 +114,7 @@ TEST_CASE("remat: budget's exact tier matches the exact oracle on small DAGs") {
   CHECK(budgets == 72);
   CHECK(recomputing > 20);
   CHECK(proven >= 60);      // the tier's reach on graphs of this size (see docs/benchmarks.md for the full oracle set)
-  CHECK(least_found >= 10);
+  CHECK(least_found >= 11);  // 11 since the depth-first search below the fixed candidates (2026-11-25)
   CHECK(least_proven >= 9);  // proven minimal on 10 of the 12 when this was written
 }
 

@@ -342,16 +342,24 @@ class Sweep {
         // a cheap schedule that fits, else one with the targets last, else
         // any (depth first), else the one with the least peak of all
         cheapest_ = false;
+        // These searches have no cost bound: one that ends without a
+        // schedule has visited every state under the level, so nothing fits
+        // there and the least peak is proven (the parts of targets last
+        // prove nothing: they search a narrower space).
+        const auto none = [](const Outcome& o) { return o.status == Outcome::Status::none; };
         r = search_.run(Search::Goal::quick, level_, kInf, take_low(kExactStatesPerSearch / 5));
         low_left_ -= std::min(low_left_, r.expanded);
+        if (none(r)) { least_proven_ = true; break; }
         if (r.status != Outcome::Status::found && targets_last(r, tail)) by = &sinks_part_;
         if (r.status != Outcome::Status::found) {
           r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesPerSearch / 2));
           spend(r.expanded);
+          if (none(r)) { least_proven_ = true; break; }
         }
         if (r.status != Outcome::Status::found) {
           r = search_.run(Search::Goal::lowest, level_, kInf, left_ + low_left_);
           spend(r.expanded);
+          if (none(r)) { least_proven_ = true; break; }
           if (r.status != Outcome::Status::found) break;
           last = true;
         }
