@@ -352,11 +352,14 @@ class Sweep {
         if (none(r)) { least_proven_ = true; break; }
         if (r.status != Outcome::Status::found && targets_last(r, tail)) by = &sinks_part_;
         if (r.status != Outcome::Status::found) {
-          r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesPerSearch / 2));
+          // any schedule, depth first, within a small share: level by level,
+          // such points form a chain down towards the least peak
+          r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesPerSearch / 5));
           spend(r.expanded);
           if (none(r)) { least_proven_ = true; break; }
         }
         if (r.status != Outcome::Status::found) {
+          // else the least peak of all, from every state left
           r = search_.run(Search::Goal::lowest, level_, kInf, left_ + low_left_);
           spend(r.expanded);
           if (none(r)) { least_proven_ = true; break; }
