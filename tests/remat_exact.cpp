@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "ad/ad.hpp"
@@ -183,18 +182,40 @@ TEST_CASE("remat: budget's exact tier: a plan does not depend on the budgets pla
   }
 }
 
+namespace {
+// Runs backward on a fresh build of a graph (make()) under pol, with the
+// gradients zeroed first, and checks the run against keep_all's on another
+// fresh build: measured == predicted <= bytes, loss and gradients bitwise equal.
+template <class Make> void check_run_at(Make make, const ad::Policy& pol, std::int64_t bytes) {
+  remat_bench::SmallGraph ref = make();
+  for (const auto& prm : ref.params) prm.zero_grad();
+  (void)ad::backward(ref.loss, ad::policy::keep_all());
+  remat_bench::SmallGraph sg = make();
+  for (const auto& prm : sg.params) prm.zero_grad();
+  const ad::Report rep = ad::backward(sg.loss, pol);
+  CHECK(rep.measured_peak_bytes == rep.predicted_peak_bytes);
+  CHECK(rep.measured_peak_bytes <= bytes);
+  std::vector<ad::Tensor> got{sg.loss.value()}, want{ref.loss.value()};
+  for (std::size_t i = 0; i < sg.params.size(); ++i) {
+    got.push_back(sg.params[i].grad());
+    want.push_back(ref.params[i].grad());
+  }
+  ad::test::check_bitwise(got, want);
+}
+}  // namespace
+
 TEST_CASE("remat: budget's exact tier computes the loss last where holding it does not fit") {
   // On these U-Net-like graphs, holding the 4-byte loss through the backward
   // pass costs 4 B at its peak: the least peak (found by bench_remat's oracle)
   // needs the loss computed again after the last gradient.
-  for (auto [width, seed, least] : {std::tuple{16, 6, 896}, std::tuple{32, 7, 1792}}) {
-    CAPTURE(width);
-    remat_bench::SmallGraph ref = remat_bench::unet_like(2, width, static_cast<std::uint64_t>(seed));
-    for (const auto& prm : ref.params) prm.zero_grad();
-    (void)ad::backward(ref.loss, ad::policy::keep_all());
-    remat_bench::SmallGraph sg = remat_bench::unet_like(2, width, static_cast<std::uint64_t>(seed));
-    for (const auto& prm : sg.params) prm.zero_grad();
+  struct Case { std::int64_t width; std::uint64_t seed; std::int64_t least; };
+  for (const Case c : {Case{16, 6, 896}, Case{32, 7, 1792}}) {
+    const std::int64_t least = c.least;
+    CAPTURE(c.width);
+    auto make = [c] { return remat_bench::unet_like(2, c.width, c.seed); };
     const ad::Policy pol = no_reuse(ad::policy::budget(least));
+    remat_bench::SmallGraph sg = make();
+    for (const auto& prm : sg.params) prm.zero_grad();
     const ad::Schedule s = ad::plan_backward(sg.loss, pol).schedule;
     REQUIRE(s.predicted_peak_bytes <= least);
     // the loss's last compute comes after every parameter's gradient
@@ -205,16 +226,7 @@ TEST_CASE("remat: budget's exact tier computes the loss last where holding it do
     }
     CHECK(last_accumulate >= 0);
     CHECK(last_loss > last_accumulate);
-    for (const auto& prm : sg.params) prm.zero_grad();
-    const ad::Report rep = ad::backward(sg.loss, pol);
-    CHECK(rep.measured_peak_bytes == rep.predicted_peak_bytes);
-    CHECK(rep.measured_peak_bytes <= least);
-    std::vector<ad::Tensor> got{sg.loss.value()}, want{ref.loss.value()};
-    for (std::size_t i = 0; i < sg.params.size(); ++i) {
-      got.push_back(sg.params[i].grad());
-      want.push_back(ref.params[i].grad());
-    }
-    ad::test::check_bitwise(got, want);
+    check_run_at(make, pol, least);
   }
 }
 
@@ -223,21 +235,9 @@ TEST_CASE("remat: budget's exact tier reaches a least peak only a depth-first se
   // (nothing fits at 511 B); the min-cost, weighted and targets-last searches
   // give up below 576 B, a depth-first one (by flops left) gets to 512 B.
   constexpr std::int64_t least = 512;
-  remat_bench::SmallGraph ref = remat_bench::random_dag(6, 603);
-  for (const auto& prm : ref.params) prm.zero_grad();
-  (void)ad::backward(ref.loss, ad::policy::keep_all());
-  remat_bench::SmallGraph sg = remat_bench::random_dag(6, 603);
-  for (const auto& prm : sg.params) prm.zero_grad();
-  const ad::Policy pol = no_reuse(ad::policy::budget(least));
-  const ad::Report rep = ad::backward(sg.loss, pol);
-  CHECK(rep.measured_peak_bytes == rep.predicted_peak_bytes);
-  CHECK(rep.measured_peak_bytes <= least);
-  std::vector<ad::Tensor> got{sg.loss.value()}, want{ref.loss.value()};
-  for (std::size_t i = 0; i < sg.params.size(); ++i) {
-    got.push_back(sg.params[i].grad());
-    want.push_back(ref.params[i].grad());
-  }
-  ad::test::check_bitwise(got, want);
+  auto make = [] { return remat_bench::random_dag(6, 603); };
+  check_run_at(make, no_reuse(ad::policy::budget(least)), least);
+  remat_bench::SmallGraph sg = make();
   for (const auto& prm : sg.params) prm.zero_grad();
   CHECK_THROWS_AS((void)ad::plan_backward(sg.loss, no_reuse(ad::policy::budget(least - 1))), ad::BudgetError);
 }
