@@ -40,10 +40,10 @@
 // again from nothing present: a target held through the backward pass, the
 // loss, adds its bytes to every step there); else any schedule, depth first
 // (children by flops left); else a best-first search on the peak, whose
-// first goal has the least peak of all (the sweep ends there). The sweep stops early once the budget is settled: a point at
-// or under the budget proven cheapest at its level, followed by a proof that
-// nothing below its peak costs as little; the truncated sweep picks the same
-// plan as the whole one would.
+// first goal has the least peak of all (the sweep ends there). The sweep stops
+// early once the budget is settled: a point at or under the budget proven
+// cheapest at its level, followed by a proof that nothing below its peak costs
+// as little; the truncated sweep picks the same plan as the whole one would.
 #include <algorithm>
 #include <bit>
 #include <limits>
