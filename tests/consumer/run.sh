@@ -19,7 +19,11 @@ if [ "$mode" = package ]; then
   cmake --install "$src" --prefix "$work/prefix" >/dev/null
   cmake -S "$here" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DAD_CONSUMER_MODE=package >/dev/null
 else
-  cmake -S "$here" -B "$work/build" -DAD_CONSUMER_MODE=subdirectory -DAD_SOURCE_DIR="$src" >/dev/null
+  # The parent's build type (none: unoptimised) and one CUDA architecture
+  # where nvcc is found: the test is that the library builds and links in
+  # place, and so it builds in about a third of the time.
+  cmake -S "$here" -B "$work/build" -DAD_CONSUMER_MODE=subdirectory -DAD_SOURCE_DIR="$src" \
+    -DCMAKE_CUDA_ARCHITECTURES=90-real >/dev/null
 fi
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/consumer"
