@@ -121,7 +121,12 @@ TEST_CASE("remat: budget's exact tier: no keep set that fits is cheaper, plans h
   const std::vector<ad::Policy> keep_sets = {ad::policy::manual(), ad::policy::uniform(2), ad::policy::uniform(3),
                                              ad::policy::sqrt_n(), ad::policy::selective(ad::save_matmuls)};
   int compared = 0, recomputing = 0;
-  for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+#ifdef AD_TEST_SANITIZED  // a budget under a graph's least peak found spends the exact tier's whole reserve
+  constexpr std::uint64_t kSeeds = 8;
+#else
+  constexpr std::uint64_t kSeeds = 16;
+#endif
+  for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
     CAPTURE(seed);
     ad::Graph g0;
     RandomDag d0 = ad::test::random_dag(g0, seed, kNodes);
@@ -155,7 +160,7 @@ TEST_CASE("remat: budget's exact tier: no keep set that fits is cheaper, plans h
   }
   CHECK(compared > 50);     // the comparison is not vacuous
   MESSAGE("compared " << compared << " recomputing " << recomputing);
-  CHECK(recomputing > 20);  // nor are the budgets all loose
+  CHECK(recomputing > static_cast<int>(20 * kSeeds / 16));  // nor are the budgets all loose (52 of 144 with 16 seeds)
 }
 
 TEST_CASE("remat: budget's exact tier: a plan does not depend on the budgets planned before it") {
@@ -233,11 +238,26 @@ TEST_CASE("remat: budget's exact tier computes the loss last where holding it do
 TEST_CASE("remat: budget's exact tier reaches a least peak only a depth-first search finds in time") {
   // random(ops=6, seed=603): bench_remat's oracle proves 512 B the least peak
   // (nothing fits at 511 B); the min-cost, weighted and targets-last searches
-  // give up below 576 B, a depth-first one (by flops left) gets to 512 B.
+  // give up below 576 B, a depth-first one gets to 512 B.
   constexpr std::int64_t least = 512;
   auto make = [] { return remat_bench::random_dag(6, 603); };
   check_run_at(make, no_reuse(ad::policy::budget(least)), least);
   remat_bench::SmallGraph sg = make();
   for (const auto& prm : sg.params) prm.zero_grad();
   CHECK_THROWS_AS((void)ad::plan_backward(sg.loss, no_reuse(ad::policy::budget(least - 1))), ad::BudgetError);
+}
+
+TEST_CASE("remat: budget's exact tier reaches the oracle's least peak on random seed 702") {
+#ifdef AD_TEST_SANITIZED  // about 0.5 million search states: seconds in Release, minutes here
+  std::printf("[ad-skip] seed 702's plan runs in the Release build (minutes under AddressSanitizer)\n");
+  return;
+#endif
+  // random(ops=7, seed=702): the oracle's least-peak schedule fits 1,028 B
+  // (it frees the gradient seed and computes the 4-byte loss in the middle
+  // of the backward pass). Below 1,092 B no fixed candidate fits and the
+  // min-cost searches give up; two depth-first searches (about 200,000 and
+  // 290,000 states) reach 1,032 B and then 1,028 B.
+  constexpr std::int64_t oracle = 1028;
+  auto make = [] { return remat_bench::random_dag(7, 702); };
+  check_run_at(make, no_reuse(ad::policy::budget(oracle)), oracle);
 }

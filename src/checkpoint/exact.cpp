@@ -39,11 +39,16 @@
 // first, by a search that never holds a target, then the targets computed
 // again from nothing present: a target held through the backward pass, the
 // loss, adds its bytes to every step there); else any schedule, depth first
-// (children by flops left); else a best-first search on the peak, whose
+// (children by g + h), then improved by a short branch and bound on the
+// flops; else a best-first search on the peak, whose
 // first goal has the least peak of all (the sweep ends there). The sweep stops
 // early once the budget is settled: a point at or under the budget proven
 // cheapest at its level, followed by a proof that nothing below its peak costs
-// as little; the truncated sweep picks the same plan as the whole one would.
+// as little (the truncated sweep picks the same plan as the whole one would);
+// or at the first point under the budget that a feasibility search found
+// (the sweep there has no cost order: the plan takes the points before it
+// and that one, whatever was planned before, and never a higher peak for a
+// lower budget, as every later point's peak is lower still).
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -137,7 +142,8 @@ class Search {
     cheapest,  // the least flops (then the least peak) with peak <= budget and recompute flops < below
     quick,     // some schedule with peak <= budget, cheap but not proven cheapest (weighted A*: g + 3h)
     lowest,    // the least peak (then flops) of any schedule with peak <= budget (best-first on the peak)
-    deep,      // some schedule with peak <= budget, depth first (children by flops left, then live bytes)
+    deep,      // some schedule with peak <= budget, depth first (children by the least total flops, then
+               // live bytes), then a short branch and bound on the flops for a cheaper one
   };
   Outcome run(Goal goal, std::int64_t budget, double below, std::size_t cap) const {
     std::vector<State> st;
@@ -151,18 +157,23 @@ class Search {
       return a.g < b.g;
     };
     std::priority_queue<Item, std::vector<Item>, decltype(later)> open(later);
-    const double limit = below + base_;  // total flops to beat
+    double limit = below + base_;  // total flops to beat
     double child_depth = 0;                // deep: the depth of the children being pushed
+    // deep: after its first goal, the search goes on for a quarter of the
+    // states that took (at most 50,000) as a branch and bound on the flops:
+    // cheaper paths reopen states, and a cheaper goal replaces the schedule
+    bool bound = false;
+    std::size_t extra = 0;
     auto push = [&](Mask P, Mask D, double g, std::int64_t live, std::int64_t bn, std::uint32_t from, int via, Mask dropped) {
       std::uint32_t e;
       double h;
       if (auto it = seen.find(Key{P, D}); it != seen.end()) {  // a known state: its heuristic is known too
         e = it->second;
         State& o = st[e];
-        const bool better = goal == Goal::deep     ? false
+        const bool better = goal == Goal::deep     ? bound && g < o.g
                             : goal == Goal::lowest ? bn < o.bn || (bn == o.bn && g < o.g)
                                                    : g < o.g || (g == o.g && bn < o.bn);
-        if (o.closed || !better) return;
+        if ((o.closed && !bound) || !better) return;
         h = o.h;
         if (g + h >= limit) return;
         o = {P, D, g, h, live, bn, from, via, dropped, false};
@@ -176,7 +187,7 @@ class Search {
       const auto b = static_cast<double>(bn);
       open.push(goal == Goal::cheapest ? Item{g + h, b, g, e}
                 : goal == Goal::quick  ? Item{g + 3 * h, b, g, e}
-                : goal == Goal::deep   ? Item{-child_depth, h + static_cast<double>(live) * 1e-9, g, e}
+                : goal == Goal::deep   ? Item{-child_depth, g + h + static_cast<double>(live) * 1e-9, g, e}
                                        : Item{b, g + h, g, e});
     };
     push(0, 0, 0, 0, 0, kNone, -1, 0);
@@ -193,11 +204,20 @@ class Search {
         out.status = Outcome::Status::found;
         out.cost = cur.g - base_;
         out.peak = cur.bn;
+        out.path.clear();
         for (auto x = e; st[x].via >= 0; x = st[x].from) out.path.push_back({st[x].via, st[x].dropped});
         std::reverse(out.path.begin(), out.path.end());
+        if (goal != Goal::deep) return out;
+        if (!bound) extra = std::min<std::size_t>(out.expanded / 4, 50000);
+        bound = true;
+        limit = cur.g;
+        continue;
+      }
+      if (bound && extra-- == 0) return out;
+      if (++out.expanded > cap) {
+        if (!bound) out.status = Outcome::Status::gave_up;
         return out;
       }
-      if (++out.expanded > cap) { out.status = Outcome::Status::gave_up; return out; }
       for (Mask c = useful(R) & ~cur.P; c; c &= c - 1) {
         const int v = std::countr_zero(c);
         const auto uv = static_cast<std::size_t>(v);
@@ -352,15 +372,17 @@ class Sweep {
         if (none(r)) { least_proven_ = true; break; }
         if (r.status != Outcome::Status::found && targets_last(r, tail)) by = &sinks_part_;
         if (r.status != Outcome::Status::found) {
-          // any schedule, depth first, within a small share: level by level,
-          // such points form a chain down towards the least peak
-          r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesPerSearch / 5));
+          // any schedule, depth first (at most kExactStatesDeep states):
+          // level by level, such points form a chain down towards the least
+          // peak
+          r = search_.run(Search::Goal::deep, level_, kInf, std::min(left_ + low_left_, kExactStatesDeep));
           spend(r.expanded);
           if (none(r)) { least_proven_ = true; break; }
         }
         if (r.status != Outcome::Status::found) {
-          // else the least peak of all, from every state left
-          r = search_.run(Search::Goal::lowest, level_, kInf, left_ + low_left_);
+          // else the least peak of all, from the states left (at most
+          // kExactStatesDeep: each search's states stay in memory while it runs)
+          r = search_.run(Search::Goal::lowest, level_, kInf, std::min(left_ + low_left_, kExactStatesDeep));
           spend(r.expanded);
           if (none(r)) { least_proven_ = true; break; }
           if (r.status != Outcome::Status::found) break;
@@ -502,6 +524,12 @@ Frontier exact_frontier(const Problem& p, const std::vector<FixedPoint>& fixed, 
     // its level, and this one (searched just under its peak) proves nothing
     // below costs as little
     if (settled.proven && pt.proven && pt.cost > settled.cost) break;
+    // below every fixed candidate (where the min-cost searches gave up): the
+    // first schedule a feasibility search finds under the budget ends the
+    // plan's part of the sweep. The points after it have lower peaks and are
+    // found by searches without a cost bound; a plan takes the points up to
+    // that one, the same ones whatever was planned before.
+    if (pt.index >= 0 && !pt.proven && pt.peak <= bytes) break;
     settled = pt.peak <= bytes ? pt : Sweep::Point{0, 0, false, -1, 0};
   }
   if (sweep->least_proven()) {

@@ -111,12 +111,14 @@ struct FixedPoint {
   std::int64_t peak;
 };
 // The exact tier's reach: values to compute (joint graph nodes without a
-// value), and states it may expand per plan in min-cost searches, per
-// min-cost search, and per plan in the feasibility searches below every fixed
-// candidate (about 1-5 us each: a plan spends at most ~0.25-1.3 s there,
-// once, as plans are cached).
+// value); states it may expand per plan in min-cost searches, and per
+// min-cost search; per plan in the feasibility searches below every fixed
+// candidate, and per depth-first or least-peak search there (about 1-5 us
+// and ~100-150 bytes each while a search runs: a plan spends at most about
+// 4 s and 45 MB there, once per problem, as sweeps and plans are cached).
 inline constexpr int kExactValues = 40;
-inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 50000, kExactStatesLow = 50000;
+inline constexpr std::size_t kExactStates = 200000, kExactStatesPerSearch = 50000, kExactStatesLow = 600000,
+                             kExactStatesDeep = 300000;
 // budget()'s exact tier (exact.cpp): on problems of at most kExactValues
 // values to compute, the (recompute flops, peak) Pareto frontier swept
 // down from `top` (keep_all's peak) by exact searches, each pruned by the
