@@ -28,6 +28,7 @@
 // above one where it succeeds.)
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "checkpoint/planner.hpp"
@@ -41,10 +42,13 @@ namespace {
 // stuck (every present value is in use by the op being computed).
 class Dtr {
  public:
-  // max_steps: give up (nullopt) once the schedule has more steps (0: no limit)
+  // max_steps: give up (nullopt, capped()) once the schedule has more steps
+  // (0: no limit); cost_cap: give up (nullopt, over_cost()) once it
+  // recomputes more flops; the step count is checked first
   Dtr(const Problem& p, std::int64_t limit, const std::vector<std::int32_t>* order = nullptr, std::size_t max_steps = 0,
-      int score = 0)
+      int score = 0, double cost_cap = std::numeric_limits<double>::infinity())
       : p_(p), b_(p), limit_(limit), max_steps_(max_steps), score_(score), order_(order ? *order : p.order) {
+    b_.cost_cap = cost_cap;
     auto n = static_cast<std::size_t>(p.hi + 1);
     pending_.assign(n, 0);
     for (auto id : p.order) pending_[static_cast<std::size_t>(id)] = static_cast<std::int32_t>(p.consumers[static_cast<std::size_t>(id)].size());
@@ -65,6 +69,7 @@ class Dtr {
       touched.clear();
       if (!ensure(d, touched)) return std::nullopt;
       if (max_steps_ && b_.s.steps.size() > max_steps_) { capped_ = true; return std::nullopt; }
+      if (b_.over_cap()) { over_cost_ = true; return std::nullopt; }
       const auto& ins = p_.g.node(d).inputs;
       for (std::size_t i = 0; i < ins.size(); ++i)  // d is served: one consumer less to wait for
         if (std::find(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(i), ins[i]) == ins.begin() + static_cast<std::ptrdiff_t>(i))
@@ -82,6 +87,9 @@ class Dtr {
   }
   // run() gave up because the schedule grew past max_steps
   bool capped() const { return capped_; }
+  // run() gave up because the schedule recomputed more than cost_cap (it
+  // might still have grown past max_steps, had it gone on)
+  bool over_cost() const { return over_cost_; }
 
  private:
   bool is_view(std::int32_t id) const { return base_[static_cast<std::size_t>(id)] != id; }
@@ -172,7 +180,7 @@ class Dtr {
   std::int64_t limit_;
   std::size_t max_steps_;
   int score_ = 0;
-  bool capped_ = false;
+  bool capped_ = false, over_cost_ = false;
   std::int64_t live_ = 0;
   std::int64_t clock_ = 0;
   std::vector<std::int32_t> order_;
@@ -253,15 +261,57 @@ struct Candidate {
 
 }  // namespace
 
-Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
+Schedule budget(const Problem& p, std::int64_t bytes, bool reuse, Pruning* pruning) {
+  Pruning counts;
+  Pruning& pr = pruning ? *pruning : counts;
   std::vector<Candidate> cands;
-  auto add = [&](Schedule s) {
-    if (reuse) reuse_dying_inputs(p, s);  // each candidate's peak as it will run
-    std::int64_t pk = simulate_peak(p.g, s);
-    cands.push_back({std::move(s), pk, cands.size()});
+  // The plan is the first candidate in (cost, peak) order that fits, so one
+  // that recomputes more than a candidate known to fit can never be it. Such
+  // candidates are not simulated, and their builders stop as soon as they
+  // pass that cost (cap()): the plan is the one the whole list gives, in a
+  // fraction of the time on large graphs (the DTR runs and Revolve schedules
+  // at low levels recompute the graph many times over). Except on problems
+  // of the exact tier, whose sweep is pruned by every candidate's peak.
+  constexpr double kNoCap = std::numeric_limits<double>::infinity();
+  constexpr std::int64_t kUnsimulated = std::numeric_limits<std::int64_t>::max();
+  const bool prune = pr.on && p.order.size() > static_cast<std::size_t>(kExactValues);
+  double fits_at = kNoCap;  // the least cost of a candidate that fits
+  auto cap = [&] { return prune ? fits_at : kNoCap; };
+  // Each candidate's place in the list (ties of cost and peak go to the
+  // first): the keep sets, the DTR runs, the Revolve schedules, the exact
+  // tier's points. The Revolve schedules are built before the DTR runs, and
+  // with the most snapshots (least recomputation) first: a cheap schedule
+  // that fits low budgets lowers the cap early.
+  constexpr std::size_t kKeepSets = 0, kDtr = std::size_t{1} << 40, kRevolve = std::size_t{2} << 40,
+                        kExactPoints = std::size_t{3} << 40;
+  std::size_t keep_sets = 0, dtr_runs = 0;
+  auto add = [&](Schedule s, std::size_t index) {
+    std::int64_t pk = kUnsimulated;
+    if (s.recompute_flops <= cap()) {
+      if (reuse) reuse_dying_inputs(p, s);  // each candidate's peak as it will run
+      pk = simulate_peak(p.g, s);
+      if (pk <= bytes) fits_at = std::min(fits_at, s.recompute_flops);
+    } else {
+      ++pr.unsimulated;
+    }
+    cands.push_back({std::move(s), pk, index});
+  };
+  // Keep sets whose held values alone (a lower bound of the peak) exceed
+  // the budget cannot fit: built only if nothing fits, for the least peak.
+  std::vector<std::pair<std::vector<char>, std::size_t>> held_over;
+  auto add_keep = [&](std::vector<char> keep) {
+    const std::size_t index = kKeepSets + keep_sets++;
+    if (prune && keep_set_held_bytes(p, keep) > bytes) {
+      held_over.emplace_back(std::move(keep), index);
+      ++pr.held_over;
+    } else if (auto s = keep_set_under(p, keep, cap())) {
+      add(std::move(*s), index);
+    } else {
+      ++pr.stopped;
+    }
   };
   std::vector<char> all(static_cast<std::size_t>(p.hi + 1), 1);
-  add(keep_set(p, all));
+  add(keep_set(p, all), kKeepSets + keep_sets++);
   if (cands[0].peak <= bytes) {  // nothing is cheaper than no recomputation
     cands[0].s.proven_cheapest = true;
     return std::move(cands[0].s);
@@ -280,14 +330,14 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   for (auto t : ladder(n)) {  // drop the t cheapest
     std::vector<char> keep = all;
     for (std::int64_t i = 0; i < t; ++i) keep[static_cast<std::size_t>(by_ratio[static_cast<std::size_t>(i)])] = 0;
-    add(keep_set(p, keep));
+    add_keep(std::move(keep));
   }
   for (auto k : ladder(n)) {  // keep every k-th
     if (k < 2) continue;
     std::vector<char> keep(all.size(), 0);
     for (std::int64_t i = 0; i < n; ++i)
       if ((i + 1) % k == 0) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
-    add(keep_set(p, keep));
+    add_keep(std::move(keep));
   }
   // Keep sets whose gaps widen toward the front (the last gap g, then g +
   // g/4, g + 2g/4, ...): when backward reverses a segment, every checkpoint
@@ -298,12 +348,30 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
     std::vector<char> keep(all.size(), 0);
     std::int64_t gap = g0;
     for (std::int64_t i = n - 1 - g0; i >= 0; i -= gap, gap += g0 / 4) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
-    add(keep_set(p, keep));
+    add_keep(std::move(keep));
   }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
   // A DTR run longer than this recomputes the graph many times over; the
   // ladder leaves such low levels to the second tier below (the bisection).
   const std::size_t max_steps = 16 * cands[0].s.steps.size();
+  // chains: binomial (Revolve) schedules with growing numbers of snapshots
+  // (built in the other order, see kRevolve), one forward node per step and
+  // with steps grouped up to the values backward reads (an MLP layer per step)
+  std::vector<std::int64_t> snapshots;
+  for (auto k : ladder(static_cast<std::int64_t>(p.forward.size())))
+    if (k <= 64) snapshots.push_back(k);
+  for (bool grouped : {false, true}) {
+    const std::size_t first = kRevolve + (grouped ? snapshots.size() : 0);
+    try {
+      for (std::size_t i = snapshots.size(); i-- > 0;)
+        if (auto s = optimal_chain_under(p, static_cast<std::int32_t>(snapshots[i]), grouped, cap()))
+          add(std::move(*s), first + i);
+        else
+          ++pr.stopped;
+    } catch (const Error&) {
+      // not a chain: no Revolve candidates
+    }
+  }
   constexpr int kRungs = 12;
   const std::vector<std::int32_t> low_memory = low_memory_order(p);
   // The DTR variants. Every problem: DTR's score in autodiff's order and in
@@ -320,6 +388,9 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
     const std::vector<std::int32_t>* order;
     int score;
     bool capped = false;  // a run gave up at max_steps: lower rungs would run longer
+    // levels whose runs stopped at the cost cap before max_steps: whether
+    // they would have reached it decides whether the rungs below run at all
+    std::vector<std::int64_t> unsettled;
   };
   const bool small = p.order.size() <= kSmallProblem;
   auto last_targets = [&](const std::vector<std::int32_t>& order) {
@@ -334,9 +405,9 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
   const std::vector<std::int32_t> low_targets_last = last_targets(low_memory);
   std::vector<Variant> variants;
   for (int sc = 0; sc < (small ? 4 : 1); ++sc) {
-    variants.push_back({&p.order, sc});
-    variants.push_back({&low_memory, sc});
-    if (small) variants.push_back({&low_targets_last, sc});
+    variants.push_back({&p.order, sc, false, {}});
+    variants.push_back({&low_memory, sc, false, {}});
+    if (small) variants.push_back({&low_targets_last, sc, false, {}});
   }
   for (int r = kRungs; r >= 0; --r) {
     double level = static_cast<double>(lb) * std::pow(static_cast<double>(top) / static_cast<double>(std::max<std::int64_t>(lb, 1)),
@@ -344,32 +415,39 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
     auto lim = r == 0 ? lb : static_cast<std::int64_t>(level);
     for (auto& v : variants) {
       if (v.capped) continue;
-      Dtr d(p, lim, v.order, max_steps, v.score);
-      if (auto s = d.run()) add(std::move(*s));
-      else v.capped = d.capped();
-    }
-  }
-  // chains: binomial (Revolve) schedules with growing numbers of snapshots,
-  // one forward node per step and with steps grouped up to the values
-  // backward reads (an MLP layer per step)
-  for (bool grouped : {false, true}) {
-    bool chain = true;
-    for (auto k : ladder(static_cast<std::int64_t>(p.forward.size()))) {
-      if (!chain || k > 64) break;
-      try {
-        add(optimal_chain(p, static_cast<std::int32_t>(k), grouped));
-      } catch (const Error&) {
-        chain = false;  // not a chain: no Revolve candidates
+      Dtr d(p, lim, v.order, max_steps, v.score, cap());
+      auto s = d.run();
+      if (d.over_cost()) {
+        ++pr.stopped;
+        v.unsettled.push_back(lim);
+        continue;
       }
+      if (!s) {
+        v.capped = d.capped();
+        continue;
+      }
+      // A schedule within the cap: it counts only if no run above it (of
+      // those stopped at the cap) would have reached max_steps. Those runs
+      // again, in full (rare: DTR costs more at lower levels).
+      for (auto up : v.unsettled) {
+        ++pr.reruns;
+        Dtr full(p, up, v.order, max_steps, v.score);
+        if (!full.run() && full.capped()) { v.capped = true; break; }
+      }
+      v.unsettled.clear();
+      if (!v.capped) add(std::move(*s), kDtr + dtr_runs++);
     }
   }
   // the exact tier (exact.cpp): on problems of up to 64 values, the points
   // of the (recompute flops, peak) frontier that exact searches prove, each
   // pruned by the fixed candidates above
+  std::sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
   std::vector<FixedPoint> fixed;
   for (const auto& c : cands) fixed.push_back({c.s.recompute_flops, c.peak});
   Frontier exact = exact_frontier(p, fixed, top, bytes, reuse);
-  for (auto& s : exact.schedules) add(std::move(s));
+  for (std::size_t i = 0; i < exact.schedules.size(); ++i) add(std::move(exact.schedules[i]), kExactPoints + i);
+  if (fits_at == kNoCap)  // nothing fits: the least peak of all
+    for (const auto& [keep, index] : held_over) add(keep_set(p, keep), index);
   std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) {
     if (a.s.recompute_flops != b.s.recompute_flops) return a.s.recompute_flops < b.s.recompute_flops;
     if (a.peak != b.peak) return a.peak < b.peak;
@@ -380,6 +458,7 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse) {
       c.s.proven_cheapest = c.s.recompute_flops == exact.proven_cost;
       return std::move(c.s);
     }
+  // (nothing fits, so every candidate was simulated)
   std::int64_t best = cands[0].peak;
   for (const auto& c : cands) best = std::min(best, c.peak);
   // Second tier: DTR schedules at the levels a bisection for the least level

@@ -31,7 +31,8 @@ namespace {
 
 class Revolver {
  public:
-  Revolver(const Problem& p, std::int32_t slots, bool grouped) : p_(p), b_(p), slots_(slots) {
+  Revolver(const Problem& p, std::int32_t slots, bool grouped, double cost_cap) : p_(p), b_(p), slots_(slots) {
+    b_.cost_cap = cost_cap;
     const auto& f = p.forward;
     const auto n = static_cast<std::size_t>(p.hi + 1);
     // steps: one forward node each, or grouped up to a node a gradient node reads
@@ -93,8 +94,10 @@ class Revolver {
     }
   }
 
-  Schedule run() {
+  // nullopt once the schedule recomputes more than the cost cap
+  std::optional<Schedule> run() {
     if (l_ > 0) reverse(0, l_, slots_);
+    if (b_.over_cap()) return std::nullopt;
     return b_.finish();
   }
 
@@ -111,7 +114,7 @@ class Revolver {
   }
   // computes x_{a+1} .. x_{c} from x_a, keeping only x_c (and x_a)
   void advance(std::int64_t a, std::int64_t c) {
-    for (std::int64_t i = a + 1; i <= c; ++i) {
+    for (std::int64_t i = a + 1; i <= c && !b_.over_cap(); ++i) {
       run_step(i);
       if (i - 1 > a) drop(i - 1);
     }
@@ -131,10 +134,11 @@ class Revolver {
   }
   // reverses steps b..a+1; x_a is held; s snapshots including x_a's
   void reverse(std::int64_t a, std::int64_t b, std::int64_t s) {
+    if (b_.over_cap()) return;  // the candidate is dropped: stop building it
     std::int64_t n = b - a;
     if (n == 1) { reverse_step(b); return; }
     if (s == 1) {
-      for (std::int64_t i = b; i > a; --i) {
+      for (std::int64_t i = b; i > a && !b_.over_cap(); --i) {
         advance(a, i - 1);
         reverse_step(i);
         if (i - 1 > a) drop(i - 1);
@@ -159,6 +163,12 @@ class Revolver {
 
 }  // namespace
 
-Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped) { return Revolver(p, slots, grouped).run(); }
+Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped) {
+  return *Revolver(p, slots, grouped, std::numeric_limits<double>::infinity()).run();
+}
+
+std::optional<Schedule> optimal_chain_under(const Problem& p, std::int32_t slots, bool grouped, double cost_cap) {
+  return Revolver(p, slots, grouped, cost_cap).run();
+}
 
 }  // namespace ad::planner

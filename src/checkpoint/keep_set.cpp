@@ -234,8 +234,21 @@ bool storable(const Problem& p, std::int32_t u) {
   return true;
 }
 
-Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress, bool offload) {
+std::int64_t keep_set_held_bytes(const Problem& p, const std::vector<char>& keep) {
+  const auto h = horizons(p, keep);
+  std::int64_t held = 0;
+  for (auto id : p.forward) {
+    auto u = static_cast<std::size_t>(id);
+    if (keep[u] && h[u] > p.boundary && !p.pinned[u]) held += p.bytes[u];
+  }
+  return held;
+}
+
+namespace {
+std::optional<Schedule> build_keep_set(const Problem& p, const std::vector<char>& keep, DType compress, bool offload,
+                                       double cost_cap) {
   Builder b(p);
+  b.cost_cap = cost_cap;
   const std::int32_t L = p.boundary;
   const auto h = horizons(p, keep);
   std::vector<std::vector<std::int32_t>> expire(static_cast<std::size_t>(p.hi + 1));
@@ -292,8 +305,18 @@ Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compres
           b.compress(u, compress);  // stored small until then
       }
     }
+    if (b.over_cap()) return std::nullopt;
   }
   return b.finish();
+}
+}  // namespace
+
+Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress, bool offload) {
+  return *build_keep_set(p, keep, compress, offload, std::numeric_limits<double>::infinity());
+}
+
+std::optional<Schedule> keep_set_under(const Problem& p, const std::vector<char>& keep, double cost_cap) {
+  return build_keep_set(p, keep, DType::f32, false, cost_cap);
 }
 
 void hoist_prefetches(const Problem& p, Schedule& s) {

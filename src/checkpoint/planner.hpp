@@ -4,6 +4,8 @@
 // never an op by name.
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/graph_impl.hpp"
@@ -71,9 +73,13 @@ class Builder {
   // First needed consumer of id with id > after, or -1.
   std::int32_t next_use(std::int32_t id, std::int32_t after);
   Schedule finish();
+  // The schedule so far recomputes more flops than cost_cap: a planner
+  // building a candidate for budget() may stop there (it cannot be the plan).
+  bool over_cap() const { return s.recompute_flops > cost_cap; }
 
   const Problem& p;
   Schedule s;
+  double cost_cap = std::numeric_limits<double>::infinity();
 
  private:
   enum : char { kHere = 0, kCompressed, kOffloaded };  // how a present value is stored
@@ -88,6 +94,13 @@ class Builder {
 // forward pass and their first use in backward; with `offload`, they are
 // offloaded to host memory in between instead.
 Schedule keep_set(const Problem& p, const std::vector<char>& keep, DType compress = DType::f32, bool offload = false);
+// keep_set (uncompressed, nothing offloaded) as a candidate of budget():
+// nullopt as soon as it recomputes more than cost_cap flops.
+std::optional<Schedule> keep_set_under(const Problem& p, const std::vector<char>& keep, double cost_cap);
+// Bytes of the kept values backward reads, all held at once when keep_set's
+// forward pass ends: a lower bound of its schedule's peak (with or without
+// reuse_dying_inputs, which never merges two values that are both held).
+std::int64_t keep_set_held_bytes(const Problem& p, const std::vector<char>& keep);
 
 // Moves each prefetch step before the compute step that precedes it, so the
 // copy overlaps with that compute (the value then occupies the graph's
@@ -102,8 +115,17 @@ std::int64_t offload_peak(const Problem& p, const Schedule& s);
 // Lowers the peak or leaves it; never raises it. Idempotent.
 void reuse_dying_inputs(const Problem& p, Schedule& s);
 
+// What budget() skipped as unable to be the plan (see budget.cpp); `on` =
+// false builds and simulates every candidate (tests: the plan is the same).
+struct Pruning {
+  bool on = true;
+  int stopped = 0;      // candidates whose builder stopped at the cost cap
+  int unsimulated = 0;  // finished candidates over the cap, not simulated
+  int held_over = 0;    // keep sets whose held bytes exceed the budget, not built
+  int reruns = 0;       // DTR runs stopped at the cap and run again in full
+};
 // reuse: candidates' peaks count reuse_dying_inputs (as plan() applies it)
-Schedule budget(const Problem& p, std::int64_t bytes, bool reuse = true);
+Schedule budget(const Problem& p, std::int64_t bytes, bool reuse = true, Pruning* pruning = nullptr);
 
 // A candidate of budget()'s fixed list: its recompute flops and its peak.
 struct FixedPoint {
@@ -141,5 +163,8 @@ void clear_exact_sweeps();
 // Revolve on a chain; `grouped`: a step is a run of forward nodes ending at
 // one a gradient node reads (see chain.cpp), else one node per step.
 Schedule optimal_chain(const Problem& p, std::int32_t slots, bool grouped = false);
+// optimal_chain as a candidate of budget(): nullopt as soon as it
+// recomputes more than cost_cap flops (throws as optimal_chain does).
+std::optional<Schedule> optimal_chain_under(const Problem& p, std::int32_t slots, bool grouped, double cost_cap);
 
 }  // namespace ad::planner
