@@ -309,17 +309,22 @@ AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0,
   if constexpr (mode != Sweep::mix)
     for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
 }
+// The CPU has AVX-512 (with VL), as the x86-64-v4 clone requires (clang 14
+// knows no "x86-64-v4" here): 32 vector registers of 64 bytes.
+AD_ALWAYS_INLINE bool wide_vectors() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return wide;
+#else
+  return false;
+#endif
+}
 // Column blocks of VB bytes from c0 while they fit; returns the first column left.
 template <int VB, Sweep mode, class T, class RowA, class RowB, class Start>
 AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                 RowA& arow, RowB& brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
-#if defined(__x86_64__) || defined(__i386__)
-  // as the x86-64-v4 clone requires (clang 14 knows no "x86-64-v4" here)
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-#else
-  constexpr bool wide = false;
-#endif
+  const bool wide = wide_vectors();
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
@@ -346,8 +351,14 @@ AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i6
 template <Sweep mode, class T, class RowA, class RowB, class Start = Fill>
 AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
                             RowB brow, const Start& start = Start{}, bool stream = false) {
-  // 64-, then 32-, then 16-byte blocks
-  i64 c0 = sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow, start, stream);
+  // 64-, then 32-, then 16-byte blocks; without AVX-512 from 32 bytes: a
+  // block of M held as 64-byte vectors then lives on the stack, not in
+  // registers (GCC splits each into two 256-bit halves through memory; on an
+  // AVX2 host the sweeps ran up to 2x slower). Every column gets the same
+  // operations in the same order at any block width; only where GCC fuses
+  // multiply-adds may differ (the full forward's band start on an AVX2 host
+  // changed its last bits with this). On one machine the bits stay fixed.
+  i64 c0 = wide_vectors() ? sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow, start, stream) : 0;
   c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
   c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
   if (c0 == D) return;
