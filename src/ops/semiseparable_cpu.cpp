@@ -65,25 +65,49 @@ template <class T> AD_ALWAYS_INLINE void mix_acc(T* __restrict y, const T* __res
     for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
   }
 }
+// The CPU has AVX-512 (with VL), as the x86-64-v4 clone requires (clang 14
+// knows no "x86-64-v4" here): 32 vector registers of 64 bytes.
+AD_ALWAYS_INLINE bool wide_vectors() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return wide;
+#else
+  return false;
+#endif
+}
 // sum_c a[c] b[c]: 64-byte vector partial sums, then a fixed pairwise tree
-// over the lanes (vectorises; the same order every call)
+// over the lanes (vectorises; the same order every call). Without AVX-512
+// the 64-byte partial sums are kept as two 32-byte halves (the same lanes,
+// the same bits): GCC would otherwise hold a 64-byte vector on the stack.
 template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __restrict b, i64 n) {
-  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T));
+  constexpr i64 kW = 64 / static_cast<i64>(sizeof(T)), kH = kW / 2;
   typedef T V __attribute__((vector_size(64)));
-  V acc = {};
-  i64 i = 0;
-  for (; i + kW <= n; i += kW) {
-    V va, vb;
-    std::memcpy(&va, a + i, sizeof(V));
-    std::memcpy(&vb, b + i, sizeof(V));
-    acc += va * vb;
-  }
-  // lanes j += j + kW/2, then j += j + kW/4, ...: halves of the register added
   typedef T V32 __attribute__((vector_size(32)));
   typedef T V16 __attribute__((vector_size(16)));
-  V32 h0, h1;
-  std::memcpy(&h0, &acc, 32);
-  std::memcpy(&h1, reinterpret_cast<const char*>(&acc) + 32, 32);
+  V32 h0 = {}, h1 = {};  // lanes [0, kW/2) and [kW/2, kW) of the partial sums
+  i64 i = 0;
+  if (wide_vectors()) {
+    V acc = {};
+    for (; i + kW <= n; i += kW) {
+      V va, vb;
+      std::memcpy(&va, a + i, sizeof(V));
+      std::memcpy(&vb, b + i, sizeof(V));
+      acc += va * vb;
+    }
+    std::memcpy(&h0, &acc, 32);
+    std::memcpy(&h1, reinterpret_cast<const char*>(&acc) + 32, 32);
+  } else {
+    for (; i + kW <= n; i += kW) {
+      V32 a0, a1, b0, b1;
+      std::memcpy(&a0, a + i, 32);
+      std::memcpy(&a1, a + i + kH, 32);
+      std::memcpy(&b0, b + i, 32);
+      std::memcpy(&b1, b + i + kH, 32);
+      h0 += a0 * b0;
+      h1 += a1 * b1;
+    }
+  }
+  // lanes j += j + kW/2, then j += j + kW/4, ...: halves of the register added
   h0 += h1;
   V16 q0, q1;
   std::memcpy(&q0, &h0, 16);
@@ -100,7 +124,41 @@ template <class T> AD_ALWAYS_INLINE T dot(const T* __restrict a, const T* __rest
 // dot() of four pairs of f32 rows at once (row p: a + p sa, b + p sb; n a
 // multiple of 16): the same products and the same tree per row as dot(), but
 // the four trees share their shuffles (one add per level for all four).
+// Without AVX-512 in 32-byte halves (dot4_halves), as dot() does.
+AD_ALWAYS_INLINE void dot4_halves(const float* __restrict a, i64 sa, const float* __restrict b, i64 sb, i64 n,
+                                  float* out) {
+  typedef float V __attribute__((vector_size(32)));
+  V lo[4] = {}, hi[4] = {};  // lanes 0..7 and 8..15 of row p's partial sums
+  for (i64 i = 0; i < n; i += 16)
+    for (int p = 0; p < 4; ++p) {
+      V a0, a1, b0, b1;
+      std::memcpy(&a0, a + p * sa + i, 32);
+      std::memcpy(&a1, a + p * sa + i + 8, 32);
+      std::memcpy(&b0, b + p * sb + i, 32);
+      std::memcpy(&b1, b + p * sb + i + 8, 32);
+      lo[p] += a0 * b0;
+      hi[p] += a1 * b1;
+    }
+  // lane j + lane j + 8
+  V s[4];
+  for (int p = 0; p < 4; ++p) s[p] = lo[p] + hi[p];
+  // lane j + lane j + 4: rows 0, 1 (then 2, 3) side by side, l0..l3 each
+  V u01 = __builtin_shufflevector(s[0], s[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+          __builtin_shufflevector(s[0], s[1], 4, 5, 6, 7, 12, 13, 14, 15);
+  V u23 = __builtin_shufflevector(s[2], s[3], 0, 1, 2, 3, 8, 9, 10, 11) +
+          __builtin_shufflevector(s[2], s[3], 4, 5, 6, 7, 12, 13, 14, 15);
+  // (l0 + l2) + (l1 + l3)
+  V e01 = u01 + __builtin_shufflevector(u01, u01, 2, 3, 2, 3, 6, 7, 6, 7);
+  V e23 = u23 + __builtin_shufflevector(u23, u23, 2, 3, 2, 3, 6, 7, 6, 7);
+  V t01 = e01 + __builtin_shufflevector(e01, e01, 1, 1, 1, 1, 5, 5, 5, 5);
+  V t23 = e23 + __builtin_shufflevector(e23, e23, 1, 1, 1, 1, 5, 5, 5, 5);
+  out[0] = t01[0];
+  out[1] = t01[4];
+  out[2] = t23[0];
+  out[3] = t23[4];
+}
 AD_ALWAYS_INLINE void dot4(const float* __restrict a, i64 sa, const float* __restrict b, i64 sb, i64 n, float* out) {
+  if (!wide_vectors()) return dot4_halves(a, sa, b, sb, n, out);
   typedef float V __attribute__((vector_size(64)));
   V acc[4] = {};
   for (i64 i = 0; i < n; i += 16)
@@ -308,16 +366,6 @@ AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0,
   }
   if constexpr (mode != Sweep::mix)
     for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
-}
-// The CPU has AVX-512 (with VL), as the x86-64-v4 clone requires (clang 14
-// knows no "x86-64-v4" here): 32 vector registers of 64 bytes.
-AD_ALWAYS_INLINE bool wide_vectors() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-  return wide;
-#else
-  return false;
-#endif
 }
 // Column blocks of VB bytes from c0 while they fit; returns the first column left.
 template <int VB, Sweep mode, class T, class RowA, class RowB, class Start>
