@@ -19,68 +19,92 @@ namespace ad::semicrf::detail {
 
 namespace {
 template <class E> constexpr int kW = static_cast<int>(64 / sizeof(E));
-// GCC/Clang vector extensions: the compare-select below vectorises on every
-// target (a scalar ?: reduction would not be if-converted under -ftrapping-math).
-template <class E> struct Vec { typedef E type __attribute__((vector_size(64))); };
+// W lanes (64 bytes) as 64 / VB GCC/Clang vectors of VB bytes: one with
+// AVX-512, two 32-byte ones without (a 64-byte vector would live on the
+// stack there; see ad::wide_vectors). The same lanes either way, so the
+// same results. The compare-select below vectorises on every target (a
+// scalar ?: reduction would not be if-converted under -ftrapping-math).
+template <class E, int VB> struct Lanes {
+  typedef E V __attribute__((vector_size(VB)));
+  static constexpr int P = 64 / VB, H = kW<E> / P;  // vectors, lanes per vector
+  V v[P];
+  static Lanes all(E x) {
+    Lanes r;
+    for (int p = 0; p < P; ++p)
+      for (int l = 0; l < H; ++l) r.v[p][l] = x;
+    return r;
+  }
+  // a + d over the W elements from a, d
+  static Lanes sum(const E* a, const E* d) {
+    Lanes r;
+    for (int p = 0; p < P; ++p) {
+      V va, vd;
+      std::memcpy(&va, a + p * H, sizeof(V));
+      std::memcpy(&vd, d + p * H, sizeof(V));
+      r.v[p] = va + vd;
+    }
+    return r;
+  }
+  // lane by lane: x where x > m, else m
+  static Lanes max(const Lanes& x, const Lanes& m) {
+    Lanes r;
+    for (int p = 0; p < P; ++p) r.v[p] = x.v[p] > m.v[p] ? x.v[p] : m.v[p];
+    return r;
+  }
+  E lane(int l) const { return v[l / H][l % H]; }
+  // some lane has x - shift >= lo
+  bool any_at_least(E shift, E lo) const {
+    std::uint64_t any = 0;
+    for (int p = 0; p < P; ++p) {
+      auto live = (v[p] - shift) >= lo;
+      std::uint64_t bits[sizeof(live) / 8];
+      std::memcpy(bits, &live, sizeof(live));
+      for (std::size_t u = 0; u < sizeof(live) / 8; ++u) any |= bits[u];
+    }
+    return any != 0;
+  }
+};
 
-// x = a + d over W elements
-template <class E, class V> [[gnu::always_inline]] inline void load_sum(V& x, const E* a, const E* d) {
-  V va, vd;
-  std::memcpy(&va, a, sizeof(V));
-  std::memcpy(&vd, d, sizeof(V));
-  x = va + vd;
-}
-
-template <class E>
-[[gnu::always_inline]] inline E max_body(const E* __restrict a, const E* __restrict d, std::int64_t n) {
+template <class E, int VB>
+[[gnu::always_inline]] inline E max_lanes(const E* __restrict a, const E* __restrict d, std::int64_t n) {
   constexpr int W = kW<E>;
-  using V = typename Vec<E>::type;
+  using L = Lanes<E, VB>;
   const E ninf = -std::numeric_limits<E>::infinity();
-  V m0, m1, v, w;
-  for (int l = 0; l < W; ++l) m0[l] = m1[l] = ninf;
+  L m0 = L::all(ninf), m1 = L::all(ninf);
   std::int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {  // two accumulators: the max has latency
-    load_sum(v, a + i, d + i);
-    load_sum(w, a + i + W, d + i + W);
-    m0 = v > m0 ? v : m0;
-    m1 = w > m1 ? w : m1;
+    m0 = L::max(L::sum(a + i, d + i), m0);
+    m1 = L::max(L::sum(a + i + W, d + i + W), m1);
   }
-  m0 = m1 > m0 ? m1 : m0;
+  m0 = L::max(m1, m0);
   E r = ninf;
-  for (int l = 0; l < W; ++l) r = m0[l] > r ? m0[l] : r;
+  for (int l = 0; l < W; ++l) r = m0.lane(l) > r ? m0.lane(l) : r;
   for (; i < n; ++i) {
     E x = a[i] + d[i];
     r = x > r ? x : r;
   }
   return r;
 }
+template <class E>
+[[gnu::always_inline]] inline E max_body(const E* __restrict a, const E* __restrict d, std::int64_t n) {
+  return wide_vectors() ? max_lanes<E, 64>(a, d, n) : max_lanes<E, 32>(a, d, n);
+}
 
 // Σ exp_win(a + d − shift), per lane in E, lanes combined in f64 in a fixed order.
-template <class E, bool Grad>
-[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
-                                              E f, E* __restrict dd) {
+template <class E, bool Grad, int VB>
+[[gnu::always_inline]] inline double sum_lanes(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
+                                               E f, E* __restrict dd) {
   constexpr int W = kW<E>;
-  using V = typename Vec<E>::type;
-  using M = decltype(V{} > V{});
+  using L = Lanes<E, VB>;
   const E lo = sizeof(E) == 4 ? E(-88) : E(-708);
   E s[W];
   for (int l = 0; l < W; ++l) s[l] = E(0);
   std::int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
     // a group of 4W terms all below exp_win's zero threshold adds exactly 0: skip it
-    V x0, x1, x2, x3;
-    load_sum(x0, a + i, d + i);
-    load_sum(x1, a + i + W, d + i + W);
-    load_sum(x2, a + i + 2 * W, d + i + 2 * W);
-    load_sum(x3, a + i + 3 * W, d + i + 3 * W);
-    x0 = x1 > x0 ? x1 : x0;
-    x2 = x3 > x2 ? x3 : x2;
-    x0 = x2 > x0 ? x2 : x0;
-    M live = (x0 - shift) >= lo;
-    std::uint64_t bits[sizeof(M) / 8], any = 0;
-    std::memcpy(bits, &live, sizeof(M));
-    for (std::size_t u = 0; u < sizeof(M) / 8; ++u) any |= bits[u];
-    if (!any) continue;
+    const L x01 = L::max(L::sum(a + i + W, d + i + W), L::sum(a + i, d + i));
+    const L x23 = L::max(L::sum(a + i + 3 * W, d + i + 3 * W), L::sum(a + i + 2 * W, d + i + 2 * W));
+    if (!L::max(x23, x01).any_at_least(shift, lo)) continue;
     for (int u = 0; u < 4 * W; u += W)
       for (int l = 0; l < W; ++l) {
         E e = exp_win(static_cast<E>(a[i + u + l] + d[i + u + l]) - shift);
@@ -102,6 +126,11 @@ template <class E, bool Grad>
   }
   for (int l = 0; l < W; ++l) r += static_cast<double>(s[l]);
   return r;
+}
+template <class E, bool Grad>
+[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
+                                              E f, E* __restrict dd) {
+  return wide_vectors() ? sum_lanes<E, Grad, 64>(a, d, n, shift, f, dd) : sum_lanes<E, Grad, 32>(a, d, n, shift, f, dd);
 }
 }  // namespace
 

@@ -65,16 +65,6 @@ template <class T> AD_ALWAYS_INLINE void mix_acc(T* __restrict y, const T* __res
     for (i64 c = c0; c < D; ++c) y[c] += wk * s[c];
   }
 }
-// The CPU has AVX-512 (with VL), as the x86-64-v4 clone requires (clang 14
-// knows no "x86-64-v4" here): 32 vector registers of 64 bytes.
-AD_ALWAYS_INLINE bool wide_vectors() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-  return wide;
-#else
-  return false;
-#endif
-}
 // sum_c a[c] b[c]: 64-byte vector partial sums, then a fixed pairwise tree
 // over the lanes (vectorises; the same order every call). Without AVX-512
 // the 64-byte partial sums are kept as two 32-byte halves (the same lanes,
