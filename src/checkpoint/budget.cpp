@@ -17,7 +17,9 @@
 // order) at the first run longer than 16x keep_all's steps: lower levels
 // recompute the graph many times over and are left to the second tier.
 // Each candidate's peak is simulated exactly; the plan for a budget B is the
-// first candidate, in (recompute cost, peak) order, whose peak is <= B. When
+// first candidate, in (recompute cost, peak) order, whose peak is <= B
+// (candidates that cannot be it are pruned without changing it: see
+// budget()). When
 // none fits, a second tier: the DTR schedules a bisection over memory levels
 // finds between the lower bound and the least fixed peak (one bisection per
 // DTR variant on small problems), again in (cost,
