@@ -314,106 +314,279 @@ template <class T, class V> AD_ALWAYS_INLINE void put(T* p, const V& v, bool str
   std::memcpy(p, &v, sizeof(V));
 }
 
-// Register-blocked sweeps over the rows [i0, i1) of a chunk (in order, or
-// reversed) with an r x D state M (row-major):
+// Sweeps over the rows [i0, i1) of a chunk (in order, or reversed) with an
+// r x D state M (row-major):
 //   sums: M[k, :] += a_i[k] x_i[:]
 //   mix:  y_i[:] = start_i[:] + sum_k b_i[k] M[k, :]            (M read only)
 //   scan: M[k, :] += a_i[k] x_i[:], then y_i[:] = start_i[:] + sum_k b_i[k] M[k, :]
-// (start: Fill or Band above). For each 64-byte block of columns and each
-// block of up to 8 rows of M (16 where the CPU has AVX-512's 32 vector
-// registers: x_i and y_i are then touched once per 16 rows of M instead of
-// twice, same bits), the block of M stays in registers for the whole chunk
-// (GCC/Clang vector extension). y_i receives its terms in increasing k, as
-// the plain loop would. When one block covers all of M's rows (r <= 8, or
-// r == 16 with AVX-512), it stores y_i streamed when `stream` (the caller
-// checked rows_aligned). With more blocks y_i is written, read back and
-// written again: its lines are in cache by the last block, and a streamed
-// store over a cached line forces it out first (on an AVX2 EPYC host, r =
-// 16, causal, N = 2^22: 3.4x slower than plain stores, 2026-11-25).
-enum class Sweep { sums, mix, scan };
-template <int KN, int VB, Sweep mode, class T, class RowA, class RowB, class Start>
-AD_ALWAYS_INLINE void sweep_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
-                                  RowA& arow, RowB& brow, const Start& start, bool first, bool stream) {
+// (start: Fill or Band above). Every element gets its terms in the same
+// order whatever the blocking below: M's in row order, y_i's in increasing k
+// after its start (GCC/Clang vector extension; one zmm, two ymm or four xmm
+// per 64 bytes, whatever the clone's ISA has).
+//
+// sums (accumulate): tiles of rows of M by one or two vectors of columns in
+// registers for the whole run of rows, one independent FMA chain per
+// vector; a pair of vectors shares each broadcast a_i[k] (4 x 2 tiles, 8 x 2
+// with AVX-512's 32 registers; on an AVX2 host 1.4x faster than 8 x 1).
+//
+// mix (mix_rows): tiles of 4 rows of y by two vectors of columns in
+// registers across the loop over k. A row's own sum is a chain of r
+// dependent FMAs; with M in registers instead and one row at a time (as mix
+// ran until 2026-11-26) that chain, not memory, set the pace: on an AVX2
+// host the forward matvec at r = 16 now runs 1.6x faster. Each y_i is
+// written once, streamed past the cache when `stream` (the caller checked
+// rows_aligned).
+//
+// scan (scan_body): M's block in registers, one row at a time (y_i's chain
+// stays: row i's sum needs M after row i). Keeping snapshots of M per row
+// and mixing them in tiles as above was tried (2026-11-26): as fast in
+// cache, 1.5x slower at N = 2^22 on an AVX2 host.
+
+// Row i of a matrix: base + (i - origin) * stride.
+template <class T> struct RowPtr {
+  const T* base;
+  i64 origin, stride;
+  AD_ALWAYS_INLINE const T* operator()(i64 i) const { return base + (i - origin) * stride; }
+};
+template <int KN, int NC, int VB, class T, class RowA>
+AD_ALWAYS_INLINE void sums_block(T* M, const T* x, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse, RowA& arow) {
+  typedef T V __attribute__((vector_size(VB)));
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  V m[KN][NC];
+  for (int q = 0; q < KN; ++q)
+    for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    const T* a = arow(i) + k0;  // (a[q]: constant offsets, no index register per q)
+    V xv[NC];
+    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], x + i * D + c0 + j * kW, sizeof(V));
+    for (int q = 0; q < KN; ++q)
+      for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
+  }
+  for (int q = 0; q < KN; ++q)
+    for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
+}
+// Rows [k0, r) of M by blocks of KN0 rows, then halves of it down to 1.
+template <int KN0, int NC, int VB, class T, class RowA>
+AD_ALWAYS_INLINE void sums_rows_of_m(T* M, const T* x, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
+                                     RowA& arow) {
+  i64 k0 = 0;
+  for (; k0 + KN0 <= r; k0 += KN0) sums_block<KN0, NC, VB>(M, x, D, c0, k0, i0, i1, reverse, arow);
+  if constexpr (KN0 > 1) {
+    constexpr int H = KN0 / 2;
+    for (; k0 + H <= r; k0 += H) sums_block<H, NC, VB>(M, x, D, c0, k0, i0, i1, reverse, arow);
+    if constexpr (H > 1) {
+      constexpr int Q = H / 2;
+      for (; k0 + Q <= r; k0 += Q) sums_block<Q, NC, VB>(M, x, D, c0, k0, i0, i1, reverse, arow);
+      for (; k0 < r; ++k0) sums_block<1, NC, VB>(M, x, D, c0, k0, i0, i1, reverse, arow);
+    }
+  }
+}
+// Column pairs, then one column block, of VB bytes from c0; returns the first
+// column left. A pair shares each broadcast a_i[k] between two vectors
+// (blocks of 4 rows of M, 8 with AVX-512: 8 or 16 accumulators); on an AVX2
+// host 4 x 2 tiles ran 1.4x faster than 8 x 1.
+template <int VB, class T, class RowA>
+AD_ALWAYS_INLINE i64 sums_cols(T* M, const T* x, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse, RowA& arow) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  const bool wide = wide_vectors();
+  for (; c0 + 2 * kW <= D; c0 += 2 * kW) {
+    if (wide) sums_rows_of_m<8, 2, VB>(M, x, D, r, c0, i0, i1, reverse, arow);
+    else sums_rows_of_m<4, 2, VB>(M, x, D, r, c0, i0, i1, reverse, arow);
+  }
+  if (c0 + kW <= D) {
+    if (wide) sums_rows_of_m<16, 1, VB>(M, x, D, r, c0, i0, i1, reverse, arow);
+    else sums_rows_of_m<8, 1, VB>(M, x, D, r, c0, i0, i1, reverse, arow);
+    c0 += kW;
+  }
+  return c0;
+}
+// 64-, then 32-, then 16-byte blocks; without AVX-512 from 32 bytes: a block
+// of M held as 64-byte vectors then lives on the stack, not in registers
+// (GCC splits each into two 256-bit halves through memory; on an AVX2 host
+// the sweeps ran up to 2x slower). Only where GCC fuses multiply-adds may
+// the bits differ between widths (the full forward's band start on an AVX2
+// host changed its last bits with this); on one machine they stay fixed.
+template <class T, class RowA>
+AD_ALWAYS_INLINE void accumulate(T* M, const T* x, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA& arow) {
+  i64 c0 = wide_vectors() ? sums_cols<64>(M, x, D, r, 0, i0, i1, reverse, arow) : 0;
+  c0 = sums_cols<32>(M, x, D, r, c0, i0, i1, reverse, arow);
+  c0 = sums_cols<16>(M, x, D, r, c0, i0, i1, reverse, arow);
+  if (c0 == D) return;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last columns (fewer than 16 bytes)
+    i64 i = reverse ? i1 - 1 - t : i0 + t;
+    const T* a = arow(i);
+    for (i64 k = 0; k < r; ++k)
+      for (i64 c = c0; c < D; ++c) M[k * D + c] += a[k] * x[i * D + c];
+  }
+}
+
+// y_i[c0, c0 + NC W) = start_i + sum_k b_i[k] M[k, c0 .. c0 + NC W) for the R
+// rows i = i0 + p (each vector of M loaded once for the R rows).
+template <int R, int NC, int VB, class T, class RowB, class Start>
+AD_ALWAYS_INLINE void mix_tile(const T* M, T* y, i64 D, i64 r, i64 c0, i64 i0, RowB& brow, const Start& start,
+                               bool stream) {
+  typedef T V __attribute__((vector_size(VB)));
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  V acc[R][NC];
+  const T* b[R];
+  for (int p = 0; p < R; ++p) {
+    b[p] = brow(i0 + p);
+    for (int j = 0; j < NC; ++j) start.vec(acc[p][j], y, D, i0 + p, c0 + j * kW);
+  }
+  for (i64 k = 0; k < r; ++k) {
+    V mv[NC];
+    for (int j = 0; j < NC; ++j) std::memcpy(&mv[j], M + k * D + c0 + j * kW, sizeof(V));
+    for (int p = 0; p < R; ++p)
+      for (int j = 0; j < NC; ++j) acc[p][j] += b[p][k] * mv[j];
+  }
+  for (int p = 0; p < R; ++p)
+    for (int j = 0; j < NC; ++j) put(y + (i0 + p) * D + c0 + j * kW, acc[p][j], stream);
+}
+// Column pairs, then one column block, of VB bytes from c0; returns the first column left.
+template <int VB, class T, class RowB, class Start>
+AD_ALWAYS_INLINE i64 mix_cols(const T* M, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, RowB& brow,
+                              const Start& start, bool stream) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  for (; c0 + 2 * kW <= D; c0 += 2 * kW) {
+    i64 i = i0;
+    for (; i + 4 <= i1; i += 4) mix_tile<4, 2, VB>(M, y, D, r, c0, i, brow, start, stream);
+    for (; i < i1; ++i) mix_tile<1, 2, VB>(M, y, D, r, c0, i, brow, start, stream);
+  }
+  if (c0 + kW <= D) {
+    i64 i = i0;
+    for (; i + 8 <= i1; i += 8) mix_tile<8, 1, VB>(M, y, D, r, c0, i, brow, start, stream);
+    for (; i < i1; ++i) mix_tile<1, 1, VB>(M, y, D, r, c0, i, brow, start, stream);
+    c0 += kW;
+  }
+  return c0;
+}
+template <class T, class RowB, class Start>
+AD_ALWAYS_INLINE void mix_rows(const T* M, T* y, i64 D, i64 r, i64 i0, i64 i1, RowB& brow, const Start& start,
+                               bool stream) {
+  i64 c0 = wide_vectors() ? mix_cols<64>(M, y, D, r, 0, i0, i1, brow, start, stream) : 0;
+  c0 = mix_cols<32>(M, y, D, r, c0, i0, i1, brow, start, stream);
+  c0 = mix_cols<16>(M, y, D, r, c0, i0, i1, brow, start, stream);
+  if (c0 == D) return;
+  for (i64 i = i0; i < i1; ++i) {  // the last columns (fewer than 16 bytes)
+    const T* b = brow(i);
+    for (i64 c = c0; c < D; ++c) y[i * D + c] = start.at(y, D, i, c);
+    for (i64 k = 0; k < r; ++k)
+      for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
+  }
+}
+
+// scan: one block of KN rows of M and VB bytes of columns in registers for
+// the whole run of rows; y_i (those columns) gets the block's terms. `first`:
+// the first block of M's rows (y_i starts from `start`, else from its own
+// values).
+template <int KN, int VB, class T, class Start>
+AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
+                                 RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool first, bool stream) {
   typedef T V __attribute__((vector_size(VB)));
   V m[KN];
   for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
   for (i64 t = 0, n = i1 - i0; t < n; ++t) {
     i64 i = reverse ? i1 - 1 - t : i0 + t;
-    if constexpr (mode != Sweep::mix) {
-      const T* a = arow(i);
-      V xv;
-      std::memcpy(&xv, x + i * D + c0, sizeof(V));
-      for (int q = 0; q < KN; ++q) m[q] += a[k0 + q] * xv;
-    }
-    if constexpr (mode != Sweep::sums) {
-      const T* b = brow(i);
-      V yv;
-      if (first) start.vec(yv, y, D, i, c0);
-      else std::memcpy(&yv, y + i * D + c0, sizeof(V));
-      for (int q = 0; q < KN; ++q) yv += b[k0 + q] * m[q];
-      put(y + i * D + c0, yv, stream);
-    }
+    const T* a = arow(i) + k0;
+    V xv;
+    std::memcpy(&xv, x + i * D + c0, sizeof(V));
+    for (int q = 0; q < KN; ++q) m[q] += a[q] * xv;
+    const T* b = brow(i) + k0;
+    V yv;
+    if (first) start.vec(yv, y, D, i, c0);
+    else std::memcpy(&yv, y + i * D + c0, sizeof(V));
+    for (int q = 0; q < KN; ++q) yv += b[q] * m[q];
+    put(y + i * D + c0, yv, stream);
   }
-  if constexpr (mode != Sweep::mix)
-    for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
+  for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
 }
-// Column blocks of VB bytes from c0 while they fit; returns the first column left.
-template <int VB, Sweep mode, class T, class RowA, class RowB, class Start>
-AD_ALWAYS_INLINE i64 sweep_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
-                                RowA& arow, RowB& brow, const Start& start, bool stream) {
+// Column blocks of VB bytes from c0 while they fit; returns the first column
+// left. When one block covers all of M's rows (r <= 8, or r == 16 with
+// AVX-512) y_i is stored streamed when `stream`; with more blocks y_i is
+// written, read back and written again: its lines are in cache by the last
+// block, and a streamed store over a cached line forces it out first (on an
+// AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower than plain stores,
+// 2026-11-25).
+template <int VB, class T, class Start>
+AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
+                               RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   const bool wide = wide_vectors();
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
       if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
-        sweep_block<16, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
+        scan_block<16, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
         k0 += 8;
         continue;
       }
       const bool only = first && r <= 8;  // the block finishes y's rows on their first touch
       switch (std::min<i64>(8, r - k0)) {
-#define AD_SWEEP_CASE(KN)                                                                                       \
-  case KN:                                                                                                      \
-    sweep_block<KN, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); \
+#define AD_SCAN_CASE(KN)                                                                                     \
+  case KN:                                                                                                   \
+    scan_block<KN, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); \
     break;
-        AD_SWEEP_CASE(8) AD_SWEEP_CASE(7) AD_SWEEP_CASE(6) AD_SWEEP_CASE(5)
-        AD_SWEEP_CASE(4) AD_SWEEP_CASE(3) AD_SWEEP_CASE(2)
-        default: sweep_block<1, VB, mode>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); break;
-#undef AD_SWEEP_CASE
+        AD_SCAN_CASE(8) AD_SCAN_CASE(7) AD_SCAN_CASE(6) AD_SCAN_CASE(5)
+        AD_SCAN_CASE(4) AD_SCAN_CASE(3) AD_SCAN_CASE(2)
+        default: scan_block<1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); break;
+#undef AD_SCAN_CASE
       }
     }
   return c0;
 }
-// r >= 1 for mix and scan (the start is applied with M's first rows).
-template <Sweep mode, class T, class RowA, class RowB, class Start = Fill>
-AD_ALWAYS_INLINE void sweep(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowA arow,
-                            RowB brow, const Start& start = Start{}, bool stream = false) {
-  // 64-, then 32-, then 16-byte blocks; without AVX-512 from 32 bytes: a
-  // block of M held as 64-byte vectors then lives on the stack, not in
-  // registers (GCC splits each into two 256-bit halves through memory; on an
-  // AVX2 host the sweeps ran up to 2x slower). Every column gets the same
-  // operations in the same order at any block width; only where GCC fuses
-  // multiply-adds may differ (the full forward's band start on an AVX2 host
-  // changed its last bits with this). On one machine the bits stay fixed.
-  i64 c0 = wide_vectors() ? sweep_cols<64, mode>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow, start, stream) : 0;
-  c0 = sweep_cols<32, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
-  c0 = sweep_cols<16, mode>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
+template <class T, class Start>
+AD_ALWAYS_INLINE void scan_body(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowPtr<T> arow,
+                                RowPtr<T> brow, const Start& start, bool stream) {
+  if (r == 0) return mix_rows(M, y, D, r, i0, i1, brow, start, stream);  // y_i = start_i
+  i64 c0 = wide_vectors() ? scan_cols<64>(M, x, y, D, r, 0, i0, i1, reverse, arow, brow, start, stream) : 0;
+  c0 = scan_cols<32>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
+  c0 = scan_cols<16>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start, stream);
   if (c0 == D) return;
   for (i64 t = 0, n = i1 - i0; t < n; ++t) {  // the last columns (fewer than 16 bytes)
     i64 i = reverse ? i1 - 1 - t : i0 + t;
-    if constexpr (mode != Sweep::mix) {
-      const T* a = arow(i);
-      for (i64 k = 0; k < r; ++k)
-        for (i64 c = c0; c < D; ++c) M[k * D + c] += a[k] * x[i * D + c];
-    }
-    if constexpr (mode != Sweep::sums) {
-      const T* b = brow(i);
-      for (i64 c = c0; c < D; ++c) y[i * D + c] = start.at(y, D, i, c);
-      for (i64 k = 0; k < r; ++k)
-        for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
-    }
+    const T* a = arow(i);
+    for (i64 k = 0; k < r; ++k)
+      for (i64 c = c0; c < D; ++c) M[k * D + c] += a[k] * x[i * D + c];
+    const T* b = brow(i);
+    for (i64 c = c0; c < D; ++c) y[i * D + c] = start.at(y, D, i, c);
+    for (i64 k = 0; k < r; ++k)
+      for (i64 c = c0; c < D; ++c) y[i * D + c] += b[k] * M[k * D + c];
   }
+}
+// The sweeps as functions: one copy per compute type and start (and, for
+// f32, per ISA clone), called from the tasks; inlined at every call site the
+// library took twice as long to compile. Any r >= 0 (r = 0: y_i = start_i).
+template <class T> void sweep_sums(T* M, const T* x, i64 D, i64 r, i64 i0, i64 i1, RowPtr<T> arow) {
+  accumulate(M, x, D, r, i0, i1, false, arow);
+}
+template <class T, class Start>
+void sweep_mix(const T* M, T* y, i64 D, i64 r, i64 i0, i64 i1, RowPtr<T> brow, const Start& start, bool stream) {
+  mix_rows(M, y, D, r, i0, i1, brow, start, stream);
+}
+template <class T, class Start>
+void sweep_scan(T* M, const T* x, T* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse, RowPtr<T> arow, RowPtr<T> brow,
+                const Start& start, bool stream) {
+  scan_body(M, x, y, D, r, i0, i1, reverse, arow, brow, start, stream);
+}
+AD_SIMD_CLONES void sweep_sums(float* M, const float* x, i64 D, i64 r, i64 i0, i64 i1, RowPtr<float> arow) {
+  accumulate(M, x, D, r, i0, i1, false, arow);
+}
+AD_SIMD_CLONES void sweep_mix(const float* M, float* y, i64 D, i64 r, i64 i0, i64 i1, RowPtr<float> brow,
+                              const Fill& start, bool stream) {
+  mix_rows(M, y, D, r, i0, i1, brow, start, stream);
+}
+AD_SIMD_CLONES void sweep_mix(const float* M, float* y, i64 D, i64 r, i64 i0, i64 i1, RowPtr<float> brow,
+                              const Band<float>& start, bool stream) {
+  mix_rows(M, y, D, r, i0, i1, brow, start, stream);
+}
+AD_SIMD_CLONES void sweep_scan(float* M, const float* x, float* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse,
+                               RowPtr<float> arow, RowPtr<float> brow, const Fill& start, bool stream) {
+  scan_body(M, x, y, D, r, i0, i1, reverse, arow, brow, start, stream);
+}
+AD_SIMD_CLONES void sweep_scan(float* M, const float* x, float* y, i64 D, i64 r, i64 i0, i64 i1, bool reverse,
+                               RowPtr<float> arow, RowPtr<float> brow, const Band<float>& start, bool stream) {
+  scan_body(M, x, y, D, r, i0, i1, reverse, arow, brow, start, stream);
 }
 
 // S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), one task per (b, c)
@@ -428,8 +601,7 @@ template <class T> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T>& tk, 
   for (i64 j0 = i0; j0 < i1; j0 += kRowBlock) {  // the state s carries over from block to block
     const i64 j1 = std::min(i1, j0 + kRowBlock);
     const T* Vb = tk.v.block(j0, j1 - j0, buf.get());
-    auto vrow = [&](i64 i) { return Vb + (i - j0) * dm.r; };
-    sweep<Sweep::sums>(s, tk.x + b * dm.N * dm.D, static_cast<T*>(nullptr), dm.D, dm.r, j0, j1, false, vrow, vrow);
+    sweep_sums(s, tk.x + b * dm.N * dm.D, dm.D, dm.r, j0, j1, RowPtr<T>{Vb, j0, dm.r});
   }
 }
 template <class T, class UV> void chunk_sums(const Dims& dm, const T* x, const UV* v, T* S);
@@ -490,14 +662,12 @@ template <class T> AD_ALWAYS_INLINE void matvec_task(const MatvecTask<T>& tk, i6
     for (i64 j0 = i0; j0 < i1; j0 += kRowBlock) {
       const i64 j1 = std::min(i1, j0 + kRowBlock);
       const T* Ub = tk.u.block(j0, j1 - j0, ub.get());
-      auto urow = [&](i64 i) { return Ub + (i - j0) * r; };
+      const RowPtr<T> urow{Ub, j0, r};
       if (!causal) {
-        sweep<Sweep::mix>(const_cast<T*>(W), static_cast<const T*>(nullptr), yb, D, r, j0, j1, false, urow, urow, band,
-                          tk.stream);
+        sweep_mix(W, yb, D, r, j0, j1, urow, band, tk.stream);
       } else {
         const T* Vb = tk.v.block(j0, j1 - j0, vb.get());
-        auto vrow = [&](i64 i) { return Vb + (i - j0) * r; };
-        sweep<Sweep::scan>(P.data(), xb, yb, D, r, j0, j1, false, vrow, urow, band, tk.stream);
+        sweep_scan(P.data(), xb, yb, D, r, j0, j1, false, RowPtr<T>{Vb, j0, r}, urow, band, tk.stream);
       }
     }
     if (tk.stream) stream_fence();
@@ -532,8 +702,7 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   // du, dv rows start from zero in the sweeps below; without them, zeroed here
   if (g.du && !rank) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
   if (g.dv && !rank) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
-  auto urow = [&](i64 t) { return Uc + t * r; };
-  auto vrow = [&](i64 t) { return Vc + t * r; };
+  const RowPtr<T> urow{Uc, 0, r}, vrow{Vc, 0, r};
   std::vector<T> M(static_cast<std::size_t>(rD)), Mt(static_cast<std::size_t>(rD));
   auto transpose_into = [&](const T* W) {  // Mt (D x r) = W^T
     for (i64 k = 0; k < r; ++k)
@@ -542,8 +711,7 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   for (i64 b = 0; b < B; ++b) {
     const T *xb = x + (b * N + i0) * D, *gb = dy + (b * N + i0) * D;
     T* dxb = g.dx ? g.dx + (b * N + i0) * D : nullptr;
-    auto xrow = [&](i64 t) { return xb + t * D; };
-    auto grow = [&](i64 t) { return gb + t * D; };
+    const RowPtr<T> xrow{xb, 0, D}, grow{gb, 0, D};
     const T* Wx = Sx + (b * nc + (causal ? c : 0)) * rD;
     const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
     // (T^T dy)_j: dx_j alone without U V^T, else its start in the sweeps below
@@ -588,32 +756,29 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     const bool last_b = b + 1 == B;
     if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
       if (dxb)
-        sweep<Sweep::mix>(const_cast<T*>(Wg), static_cast<const T*>(nullptr), dxb, D, r, 0, n, false, vrow, vrow,
-                          band, tk.stream_dx);
+        sweep_mix(Wg, dxb, D, r, 0, n, vrow, band, tk.stream_dx);
       if (g.du) {
         transpose_into(Wx);
-        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.du + i0 * r, r, D, 0, n, false, grow, grow,
-                          acc, tk.stream_uv && last_b);
+        sweep_mix(Mt.data(), g.du + i0 * r, r, D, 0, n, grow, acc, tk.stream_uv && last_b);
       }
       if (g.dv) {
         transpose_into(Wg);
-        sweep<Sweep::mix>(Mt.data(), static_cast<const T*>(nullptr), g.dv + i0 * r, r, D, 0, n, false, xrow, xrow,
-                          acc, tk.stream_uv && last_b);
+        sweep_mix(Mt.data(), g.dv + i0 * r, r, D, 0, n, xrow, acc, tk.stream_uv && last_b);
       }
       continue;
     }
     // causal: Q_j = suffix of u_i (x) dy_i (from the later chunks' sum Wg), P_i = prefix of v_j (x) x_j
     if (dxb) {  // dx_j += v_j . Q_j
       std::copy(Wg, Wg + rD, M.begin());
-      sweep<Sweep::scan>(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow, band, tk.stream_dx);
+      sweep_scan(M.data(), gb, dxb, D, r, 0, n, true, urow, vrow, band, tk.stream_dx);
     }
     if (g.du) {  // du_i = P_i dy_i, with P^T (D x r) updated by x_i[c] v_i
       transpose_into(Wx);
-      sweep<Sweep::scan>(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow, acc, tk.stream_uv && last_b);
+      sweep_scan(Mt.data(), Vc, g.du + i0 * r, r, D, 0, n, false, xrow, grow, acc, tk.stream_uv && last_b);
     }
     if (g.dv) {  // dv_j = Q_j x_j, with Q^T updated by dy_j[c] u_j
       transpose_into(Wg);
-      sweep<Sweep::scan>(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow, acc, tk.stream_uv && last_b);
+      sweep_scan(Mt.data(), Uc, g.dv + i0 * r, r, D, 0, n, true, grow, xrow, acc, tk.stream_uv && last_b);
     }
   }
   if (tk.stream_dx || tk.stream_uv) stream_fence();
