@@ -476,60 +476,80 @@ AD_ALWAYS_INLINE void mix_rows(const T* M, T* y, i64 D, i64 r, i64 i0, i64 i1, R
   }
 }
 
-// scan: one block of KN rows of M and VB bytes of columns in registers for
-// the whole run of rows; y_i (those columns) gets the block's terms. `first`:
-// the first block of M's rows (y_i starts from `start`, else from its own
-// values).
-template <int KN, int VB, class T, class Start>
+// scan: one block of KN rows of M by NC vectors of VB bytes of columns in
+// registers for the whole run of rows; y_i (those columns) gets the block's
+// terms. `first`: the first block of M's rows (y_i starts from `start`, else
+// from its own values).
+template <int KN, int NC, int VB, class T, class Start>
 AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
                                  RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool first, bool stream) {
   typedef T V __attribute__((vector_size(VB)));
-  V m[KN];
-  for (int q = 0; q < KN; ++q) std::memcpy(&m[q], M + (k0 + q) * D + c0, sizeof(V));
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  V m[KN][NC];
+  for (int q = 0; q < KN; ++q)
+    for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
   for (i64 t = 0, n = i1 - i0; t < n; ++t) {
     i64 i = reverse ? i1 - 1 - t : i0 + t;
     const T* a = arow(i) + k0;
-    V xv;
-    std::memcpy(&xv, x + i * D + c0, sizeof(V));
-    for (int q = 0; q < KN; ++q) m[q] += a[q] * xv;
+    V xv[NC];
+    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], x + i * D + c0 + j * kW, sizeof(V));
+    for (int q = 0; q < KN; ++q)
+      for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
     const T* b = brow(i) + k0;
-    V yv;
-    if (first) start.vec(yv, y, D, i, c0);
-    else std::memcpy(&yv, y + i * D + c0, sizeof(V));
-    for (int q = 0; q < KN; ++q) yv += b[q] * m[q];
-    put(y + i * D + c0, yv, stream);
+    V yv[NC];
+    for (int j = 0; j < NC; ++j) {
+      if (first) start.vec(yv[j], y, D, i, c0 + j * kW);
+      else std::memcpy(&yv[j], y + i * D + c0 + j * kW, sizeof(V));
+    }
+    for (int q = 0; q < KN; ++q)
+      for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
+    for (int j = 0; j < NC; ++j) put(y + i * D + c0 + j * kW, yv[j], stream);
   }
-  for (int q = 0; q < KN; ++q) std::memcpy(M + (k0 + q) * D + c0, &m[q], sizeof(V));
+  for (int q = 0; q < KN; ++q)
+    for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
 }
 // Column blocks of VB bytes from c0 while they fit; returns the first column
-// left. When one block covers all of M's rows (r <= 8, or r == 16 with
-// AVX-512) y_i is stored streamed when `stream`; with more blocks y_i is
-// written, read back and written again: its lines are in cache by the last
-// block, and a streamed store over a cached line forces it out first (on an
-// AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower than plain stores,
-// 2026-11-25).
+// left. Without AVX-512 and with r > 8, pairs of column vectors by blocks of
+// 4 rows of M: two chains of 4 dependent FMAs per row instead of one of 8
+// (r = 16 causal on an AVX2 host, in cache: 1.26x faster). When one block covers all of
+// M's rows (r <= 8, or r == 16 with AVX-512) y_i is stored streamed when
+// `stream`; with more blocks y_i is written, read back and written again:
+// its lines are in cache by the last block, and a streamed store over a
+// cached line forces it out first (on an AVX2 EPYC host, r = 16, causal,
+// N = 2^22: 3.4x slower than plain stores, 2026-11-25).
 template <int VB, class T, class Start>
 AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   const bool wide = wide_vectors();
+  if (!wide && r > 8)
+    for (; c0 + 2 * kW <= D; c0 += 2 * kW)
+      for (i64 k0 = 0; k0 < r; k0 += 4) {
+        const bool first = k0 == 0;
+        switch (std::min<i64>(4, r - k0)) {
+          case 4: scan_block<4, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
+          case 3: scan_block<3, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
+          case 2: scan_block<2, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
+          default: scan_block<1, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
+        }
+      }
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
       if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
-        scan_block<16, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
+        scan_block<16, 1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
         k0 += 8;
         continue;
       }
       const bool only = first && r <= 8;  // the block finishes y's rows on their first touch
       switch (std::min<i64>(8, r - k0)) {
-#define AD_SCAN_CASE(KN)                                                                                     \
-  case KN:                                                                                                   \
-    scan_block<KN, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); \
+#define AD_SCAN_CASE(KN)                                                                                        \
+  case KN:                                                                                                      \
+    scan_block<KN, 1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); \
     break;
         AD_SCAN_CASE(8) AD_SCAN_CASE(7) AD_SCAN_CASE(6) AD_SCAN_CASE(5)
         AD_SCAN_CASE(4) AD_SCAN_CASE(3) AD_SCAN_CASE(2)
-        default: scan_block<1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); break;
+        default: scan_block<1, 1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && only); break;
 #undef AD_SCAN_CASE
       }
     }
