@@ -355,11 +355,13 @@ AD_ALWAYS_INLINE void sums_block(T* M, const T* x, i64 D, i64 c0, i64 k0, i64 i0
   V m[KN][NC];
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
-  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
-    i64 i = reverse ? i1 - 1 - t : i0 + t;
-    const T* a = arow(i) + k0;  // (a[q]: constant offsets, no index register per q)
+  // rows s, s + dir, ...: pointers stepped, no index arithmetic per row
+  const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, as = dir * arow.stride, xs = dir * D;
+  const T* a = arow(s) + k0;  // (a[q]: constant offsets, no index register per q)
+  const T* xp = x + s * D + c0;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t, a += as, xp += xs) {
     V xv[NC];
-    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], x + i * D + c0 + j * kW, sizeof(V));
+    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
     for (int q = 0; q < KN; ++q)
       for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
   }
@@ -488,22 +490,26 @@ AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, 
   V m[KN][NC];
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
-  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
-    i64 i = reverse ? i1 - 1 - t : i0 + t;
-    const T* a = arow(i) + k0;
+  // rows s, s + dir, ...: pointers stepped, no index arithmetic per row
+  const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, as = dir * arow.stride, bs = dir * brow.stride,
+            xs = dir * D;
+  const T* a = arow(s) + k0;
+  const T* b = brow(s) + k0;
+  const T* xp = x + s * D + c0;
+  T* yp = y + s * D + c0;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t, a += as, b += bs, xp += xs, yp += xs) {
     V xv[NC];
-    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], x + i * D + c0 + j * kW, sizeof(V));
+    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
     for (int q = 0; q < KN; ++q)
       for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
-    const T* b = brow(i) + k0;
     V yv[NC];
     for (int j = 0; j < NC; ++j) {
-      if (first) start.vec(yv[j], y, D, i, c0 + j * kW);
-      else std::memcpy(&yv[j], y + i * D + c0 + j * kW, sizeof(V));
+      if (first) start.vec(yv[j], y, D, s + dir * t, c0 + j * kW);
+      else std::memcpy(&yv[j], yp + j * kW, sizeof(V));
     }
     for (int q = 0; q < KN; ++q)
       for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
-    for (int j = 0; j < NC; ++j) put(y + i * D + c0 + j * kW, yv[j], stream);
+    for (int j = 0; j < NC; ++j) put(yp + j * kW, yv[j], stream);
   }
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
