@@ -355,11 +355,14 @@ AD_ALWAYS_INLINE void sums_block(T* M, const T* x, i64 D, i64 c0, i64 k0, i64 i0
   V m[KN][NC];
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
-  // rows s, s + dir, ...: pointers stepped, no index arithmetic per row
+  // rows s, s + dir, ...: addresses affine in t (stepped pointers once
+  // compiled), no index arithmetic per row
   const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, as = dir * arow.stride, xs = dir * D;
-  const T* a = arow(s) + k0;  // (a[q]: constant offsets, no index register per q)
-  const T* xp = x + s * D + c0;
-  for (i64 t = 0, n = i1 - i0; t < n; ++t, a += as, xp += xs) {
+  const T* a0 = arow(s) + k0;
+  const T* x0 = x + s * D + c0;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+    const T* a = a0 + t * as;  // (a[q]: constant offsets, no index register per q)
+    const T* xp = x0 + t * xs;
     V xv[NC];
     for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
     for (int q = 0; q < KN; ++q)
@@ -490,14 +493,17 @@ AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, 
   V m[KN][NC];
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
-  // rows s, s + dir, ...: pointers stepped, no index arithmetic per row
+  // rows s, s + dir, ...: addresses affine in t (stepped pointers once
+  // compiled), no index arithmetic per row
   const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, as = dir * arow.stride, bs = dir * brow.stride,
             xs = dir * D;
-  const T* a = arow(s) + k0;
-  const T* b = brow(s) + k0;
-  const T* xp = x + s * D + c0;
-  T* yp = y + s * D + c0;
-  for (i64 t = 0, n = i1 - i0; t < n; ++t, a += as, b += bs, xp += xs, yp += xs) {
+  const T* a0 = arow(s) + k0;
+  const T* b0 = brow(s) + k0;
+  const T* x0 = x + s * D + c0;
+  T* y0 = y + s * D + c0;
+  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+    const T *a = a0 + t * as, *b = b0 + t * bs, *xp = x0 + t * xs;
+    T* yp = y0 + t * xs;
     V xv[NC];
     for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
     for (int q = 0; q < KN; ++q)
