@@ -253,6 +253,7 @@ int gpu_bench(int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -176,6 +176,7 @@ int run(int reps, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   int reps = 10;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {

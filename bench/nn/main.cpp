@@ -48,6 +48,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   std::int64_t n = 1 << 22;
   int reps = 21;
   bool json = false;

@@ -409,6 +409,7 @@ void usage(const char* a0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   Options o;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) o.json = true;

@@ -292,6 +292,7 @@ int gpu_bench(std::int64_t T, std::int64_t K, std::int64_t C, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   bool quick = false, json = false, f64 = true, naive = true, gpu = false;
   int threads = 0;
   std::int64_t oT = 0, oK = 0, oC = 0;

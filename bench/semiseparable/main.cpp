@@ -43,6 +43,8 @@
 #include "ops/parallel.hpp"
 #include "ops/semiseparable_cpu.hpp"
 #if AD_BENCH_CUDA
+#include <cuda_runtime.h>
+
 #include "cuda/launch.hpp"
 #endif
 
@@ -128,6 +130,7 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps);
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
   bool json = false, accuracy = false, gpu = false, r_given = false;
   i64 r = 16, D = 16, B = 1, lo2 = 12, hi2 = 22, dense_max = 8192;
   int reps = 5, sweeps = 1;
@@ -364,8 +367,7 @@ int accuracy_tables(bool json) {
 }
 // ---- --gpu ----
 // Times cuda_k::semisep_matvec (the op's launcher, no graph) on device 0 and a
-// device-to-device copy of x (cuda_k::copy_axis: x read, y written) in the
-// same run; each is the minimum over `reps` timed calls after a warm-up,
+// device-to-device copy of x (cudaMemcpy: x read, y written) in the same run; each is the minimum over `reps` timed calls after a warm-up,
 // timed on the host around ad::cuda::synchronize().
 int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
 #if AD_BENCH_CUDA
@@ -385,14 +387,69 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
   const ad::cuda_k::SemisepDims gd{B, N, D, r, dm.L};
   auto gpu_time = [&](const std::function<void()>& f) { return bench::gpu_time_min(reps, f); };
-  auto matvec = [&](bool causal) {
-    return [&, causal] {
+  // variant 0: the op's kernels; 1: the first tiled kernels (cols: their causal state's columns per thread)
+  // upto: 1 the chunk sums only, 2 and their combination, 3 all (stage times by difference)
+  auto matvec = [&](bool causal, int variant = 0, int cols = 0, int upto = 3) {
+    return [&, causal, variant, cols, upto] {
       ad::cuda_k::semisep_matvec(ad::DType::f32, gd, causal, x.raw(), d.raw(), up.raw(), lo.raw(), u.raw(), v.raw(),
-                                 y.raw(), ws.raw());
+                                 y.raw(), ws.raw(), variant, cols, upto);
     };
   };
-  const double t_copy = gpu_time([&] { ad::cuda_k::copy_axis(sizeof(float), x.raw(), nx, 0, y.raw(), nx, 0, 1, nx, 1); });
-  const double t_full = gpu_time(matvec(false)), t_causal = gpu_time(matvec(true));
+  const double t_copy = gpu_time([&] {
+    if (cudaMemcpy(y.raw(), x.raw(), static_cast<std::size_t>(nx) * sizeof(float), cudaMemcpyDeviceToDevice) !=
+        cudaSuccess)
+      throw ad::Error("bench_semiseparable: cudaMemcpy failed");
+  });
+  const double t_full = gpu_time(matvec(false)), t_causal = gpu_time(matvec(true)),
+               t_full1 = gpu_time(matvec(false, 1)), t_causal1 = gpu_time(matvec(true, 1)),
+               t_copy2 = gpu_time([&] {
+                 if (cudaMemcpy(y.raw(), x.raw(), static_cast<std::size_t>(nx) * sizeof(float),
+                                cudaMemcpyDeviceToDevice) != cudaSuccess)
+                   throw ad::Error("bench_semiseparable: cudaMemcpy failed");
+               });
+  // Correct first: each variant's y (poisoned with NaN before the call) against the CPU kernel's y in f64
+  // terms (largest |difference| over largest |y|), every element written.
+  auto host = [](const ad::Tensor& t) { return t.to(ad::Device::cpu()).to_vector(); };
+  const std::vector<double> hx = host(x), hd = host(d), hup = host(up), hlo = host(lo), hu = host(u), hv = host(v);
+  auto as_f = [](const std::vector<double>& a) { return std::vector<float>(a.begin(), a.end()); };
+  const std::vector<float> fx = as_f(hx), fd = as_f(hd), fup = as_f(hup), flo = as_f(hlo), fu = as_f(hu), fv = as_f(hv);
+  std::vector<float> fy(static_cast<std::size_t>(nx));
+  std::vector<unsigned char> fws(ad::semisep::matvec_ws_bytes(dm, sizeof(float)));
+  auto check = [&](const char* name, bool causal, int variant) {
+    ad::semisep::matvec<float, float>(dm, causal, fx.data(), fd.data(), fup.data(), flo.data(), fu.data(), fv.data(),
+                                      nullptr, fy.data(), fws.data());
+    if (cudaMemset(y.raw(), 0xff, static_cast<std::size_t>(nx) * sizeof(float)) != cudaSuccess)
+      throw ad::Error("bench_semiseparable: cudaMemset failed");
+    matvec(causal, variant)();
+    const std::vector<double> gy = host(y);
+    double worst = 0, scale = 0;
+    std::int64_t unwritten = 0;
+    for (std::size_t i = 0; i < gy.size(); ++i) {
+      if (std::isnan(gy[i])) ++unwritten;
+      else worst = std::max(worst, std::abs(gy[i] - static_cast<double>(fy[i])));
+      scale = std::max(scale, std::abs(static_cast<double>(fy[i])));
+    }
+    std::printf("check %s: max |GPU - CPU| / max |y| = %.2e, NaN (unwritten) elements %lld\n", name, worst / scale,
+                static_cast<long long>(unwritten));
+  };
+  check("matvec (full)", false, 0);
+  check("matvec (causal)", true, 0);
+  check("matvec (full), first tiled kernels", false, 1);
+  check("matvec (causal), first tiled kernels", true, 1);
+  std::printf("\n");
+  // stage times of the op's kernels, by difference
+  std::printf("| stage (op's kernels) | full ms | causal ms |\n|---|---|---|\n");
+  {
+    double tf[4] = {0, 0, 0, 0}, tc[4] = {0, 0, 0, 0};
+    for (int k = 1; k <= 3; ++k) {
+      tf[k] = gpu_time(matvec(false, 0, 0, k));
+      tc[k] = gpu_time(matvec(true, 0, 0, k));
+    }
+    const char* names[4] = {"", "chunk sums (x, v read)", "combine the chunk sums", "rows (full) / scan (causal)"};
+    for (int k = 1; k <= 3; ++k)
+      std::printf("| %s | %.3f | %.3f |\n", names[k], (tf[k] - tf[k - 1]) * 1e3, (tc[k] - tc[k - 1]) * 1e3);
+    std::printf("\n");
+  }
   // the bytes the op must move at least: x read, y written, T, U, V read
   const double bytes = 4.0 * static_cast<double>(2 * nx + 3 * N + 2 * N * r), copy_bytes = 8.0 * static_cast<double>(nx);
   std::printf("GPU semiseparable_matvec, f32, B %lld, N %lld, D %lld, r %lld, chunk %lld rows\n\n",
@@ -400,7 +457,11 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
               static_cast<long long>(r), static_cast<long long>(dm.L));
   std::printf("| kernel | ms | GB/s | vs device copy |\n|---|---|---|---|\n");
   std::printf("| device-to-device copy of x | %.3f | %.1f | 1.00 |\n", t_copy * 1e3, copy_bytes / t_copy / 1e9);
-  for (auto [name, t] : {std::pair<const char*, double>{"matvec (full)", t_full}, {"matvec (causal)", t_causal}})
+  std::printf("| the same copy again, after the products | %.3f | %.1f | %.2f |\n", t_copy2 * 1e3,
+              copy_bytes / t_copy2 / 1e9, t_copy / t_copy2);
+  for (auto [name, t] : {std::pair<const char*, double>{"matvec (full)", t_full}, {"matvec (causal)", t_causal},
+                         {"matvec (full), first tiled kernels", t_full1},
+                         {"matvec (causal), first tiled kernels", t_causal1}})
     std::printf("| %s | %.3f | %.1f | %.2f |\n", name, t * 1e3, bytes / t / 1e9, (bytes / t) / (copy_bytes / t_copy));
   return 0;
 #else

@@ -359,7 +359,7 @@ void reuse_dying_inputs(const Problem& p, Schedule& s) {
   for (auto id : p.order) {
     auto u = static_cast<std::size_t>(id);
     const Node& nd = p.g.node(id);
-    if (p.pinned[u] || p.is_sink(id) || op_def(nd.op).view || nd.meta.device.kind != DeviceKind::cpu) continue;
+    if (p.pinned[u] || p.is_sink(id) || op_def(nd.op).view) continue;
     bool viewed = false;
     for (auto c : p.consumers[u]) viewed = viewed || op_def(p.g.node(c).op).view;
     ok[u] = !viewed;
@@ -377,7 +377,7 @@ void reuse_dying_inputs(const Problem& p, Schedule& s) {
     }
     const Node& nd = p.g.node(st.node);
     const OpDef& def = op_def(nd.op);
-    if (st.reuse < 0 && st.aux < 0 && def.overwrites && !def.view && nd.meta.device.kind == DeviceKind::cpu) {
+    if (st.reuse < 0 && st.aux < 0 && def.overwrites && !def.view) {
       for (std::size_t k = 0; k < nd.inputs.size() && k < 8; ++k) {
         const auto in = nd.inputs[k];
         const auto u = static_cast<std::size_t>(in);

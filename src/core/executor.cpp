@@ -165,7 +165,7 @@ class Runner {
         std::find(nd.inputs.begin(), nd.inputs.end(), reuse) != nd.inputs.end()) {
       Tensor& v = g_.node(reuse).value;
       if (v.defined() && v.storage().use_count() == 1 && v.shape() == nd.meta.shape && v.dtype() == nd.meta.dtype &&
-          v.device() == nd.meta.device && nd.meta.device.kind == DeviceKind::cpu)
+          v.device() == nd.meta.device)
         victim = &v;
     }
     if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));

@@ -49,7 +49,8 @@ namespace ad::cuda_k {
 // ---- reductions (src/cuda/reduce.cu) ----
 // y = scale * sum of x over the dims where `keep` (same rank as xs) is 1 and
 // xs is not; y is laid out as `keep`. Accumulates in f64, in a fixed order.
-void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale);
+// ws: sumlayout::layout(xs, keep).ws_bytes() bytes (ops/sum_layout.hpp), nullptr when 0
+void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale, void* ws);
 // y = max of x over the same groups (NaN propagates; the same value, and for
 // ties between 0 and -0 the same bits, as the CPU's left-to-right scan).
 void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void* y);
@@ -148,8 +149,15 @@ struct SemisepDims {
 };
 // y = H x (causal: its lower triangle). ws: B * chunks * r * D elements
 // (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D).
+// r <= 32 and D <= 256 take the tiled kernels. variant: 0 or 2 the
+// warp-level ones where they apply, 1 the first tiled ones only (see
+// semisep::set_gpu_matvec_variant); scan_cols: columns of the causal state per
+// thread in the first ones (1 or 2; 0: the default); upto (the tiled kernels
+// only): 1 stops after the chunk sums, 2 after combining them, 3 runs all
+// (the benchmark times the stages by difference; y is not formed before 3).
 void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
-                    const void* lo, const void* u, const void* v, void* y, void* ws);
+                    const void* lo, const void* u, const void* v, void* y, void* ws, int variant = 0,
+                    int scan_cols = 0, int upto = 3);
 // The matvec's gradients for dy; a nullptr output is not formed (dup is 0
 // when causal). sx, sg: two regions of B * chunks * r * D elements each.
 struct MatvecGradPtrs {

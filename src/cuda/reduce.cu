@@ -1,13 +1,17 @@
 // Reductions on the GPU: sum (sum, mean, sum_to) and max with its backward.
-// One block per output element; its threads cover the reduced elements and
-// combine in shared memory in a fixed tree order (deterministic). Sums
-// accumulate in f64.
+// Sums accumulate in f64 in an order fixed by the shapes (deterministic):
+// the layouts of ops/sum_layout.hpp ([O][R][I]: contiguous runs a block per
+// output, strided columns a thread per output, both cut into P parts into
+// f64 partials when there are few outputs), else one block per output whose
+// threads cover the reduced elements. Max: one block per output, combined in
+// shared memory in a fixed tree order.
 #include <cuda_runtime.h>
 
 #include <cmath>
 
 #include "cuda/launch.hpp"
 #include "cuda/util.cuh"
+#include "ops/sum_layout.hpp"
 
 namespace ad::cuda_k {
 
@@ -52,6 +56,72 @@ template <class T> __global__ void reduce_kernel(const T* x, T* y, std::int64_t 
     }
     if (threadIdx.x == 0) y[o] = static_cast<T>(part[0] * scale);
     __syncthreads();
+  }
+}
+
+// block sum of each thread's v into sh[0] (fixed tree order); sh has kThreads
+__device__ double block_sum(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double r = sh[0];
+  __syncthreads();  // sh is reused
+  return r;
+}
+// [O][R] (I == 1): block (o, p) sums x[o R + r] over r in part p of P; P == 1
+// writes y[o] = scale * sum, else part[o P + p] = sum
+template <class T>
+__global__ void sum_runs_kernel(const T* x, T* y, double* part, std::int64_t O, std::int64_t R, std::int64_t P,
+                                double scale) {
+  __shared__ double sh[kThreads];
+  for (std::int64_t bp = blockIdx.x; bp < O * P; bp += gridDim.x) {
+    const std::int64_t o = bp / P, p = bp % P, r0 = R * p / P, r1 = R * (p + 1) / P;
+    const T* xo = x + o * R;
+    double a0 = 0, a1 = 0;  // two chains: two loads in flight per thread
+    std::int64_t r = r0 + threadIdx.x;
+    for (; r + kThreads < r1; r += 2 * kThreads) {
+      a0 += static_cast<double>(xo[r]);
+      a1 += static_cast<double>(xo[r + kThreads]);
+    }
+    if (r < r1) a0 += static_cast<double>(xo[r]);
+    const double v = block_sum(a0 + a1, sh);
+    if (threadIdx.x == 0) {
+      if (P == 1) y[o] = static_cast<T>(v * scale);
+      else part[o * P + p] = v;
+    }
+  }
+}
+// [O][R][I] with I > 1: thread (o, p, i) sums x[(o R + r) I + i] over r in
+// part p (neighbouring threads read neighbouring i); P == 1 writes y
+template <class T>
+__global__ void sum_cols_kernel(const T* x, T* y, double* part, std::int64_t O, std::int64_t R, std::int64_t I,
+                                std::int64_t P, double scale) {
+  const std::int64_t total = O * P * I;
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = t % I, p = (t / I) % P, o = t / (I * P), r0 = R * p / P, r1 = R * (p + 1) / P;
+    const T* xp = x + o * R * I + i;
+    double acc = 0;
+    for (std::int64_t r = r0; r < r1; ++r) acc += static_cast<double>(xp[r * I]);
+    if (P == 1) y[o * I + i] = static_cast<T>(acc * scale);
+    else part[(o * P + p) * I + i] = acc;
+  }
+}
+// the P partials of output (o, i), part[(o P + p) I + i], added by one block in
+// a fixed tree order: y[o I + i] = scale * sum
+template <class T>
+__global__ void sum_parts_kernel(const double* part, T* y, std::int64_t O, std::int64_t I, std::int64_t P,
+                                 double scale) {
+  __shared__ double sh[kThreads];
+  for (std::int64_t q = blockIdx.x; q < O * I; q += gridDim.x) {
+    const std::int64_t o = q / I, i = q % I;
+    double acc = 0;
+    for (std::int64_t p = threadIdx.x; p < P; p += kThreads) acc += part[(o * P + p) * I + i];
+    const double v = block_sum(acc, sh);
+    if (threadIdx.x == 0) y[q] = static_cast<T>(v * scale);
   }
 }
 
@@ -135,14 +205,32 @@ Geom make_geom(const Shape& xs, const Shape& keep) {
 unsigned blocks_for(std::int64_t nout) { return static_cast<unsigned>(nout < 65535L * 16 ? nout : 65535L * 16); }
 }  // namespace
 
-void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale) {
-  std::int64_t nout = keep.numel();
-  if (nout == 0) return;
-  Geom g = make_geom(xs, keep);
+namespace {
+template <class T>
+void reduce_sum_t(const T* x, const Shape& xs, const Shape& keep, T* y, double scale, void* ws) {
+  const std::int64_t nout = keep.numel();
+  const sumlayout::Layout L = sumlayout::layout(xs, keep);
+  if (L.general) {
+    reduce_kernel<<<blocks_for(nout), kThreads>>>(x, y, nout, make_geom(xs, keep), scale);
+    return;
+  }
+  auto* part = static_cast<double*>(ws);
+  if (L.P > 1 && !part) throw Error("reduce_sum: no workspace for the partial sums (bad plan)");
+  if (L.I == 1) sum_runs_kernel<<<blocks_for(L.O * L.P), kThreads>>>(x, y, part, L.O, L.R, L.P, scale);
+  else sum_cols_kernel<<<grid_for(L.O * L.P * L.I, kThreads), kThreads>>>(x, y, part, L.O, L.R, L.I, L.P, scale);
+  if (L.P > 1) {
+    check_launch("reduce_sum (parts)");
+    sum_parts_kernel<<<blocks_for(L.O * L.I), kThreads>>>(part, y, L.O, L.I, L.P, scale);
+  }
+}
+}  // namespace
+
+void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void* y, double scale, void* ws) {
+  if (keep.numel() == 0) return;
   if (t == DType::f32)
-    reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<float*>(y), nout, g, scale);
+    reduce_sum_t(static_cast<const float*>(x), xs, keep, static_cast<float*>(y), scale, ws);
   else
-    reduce_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<double*>(y), nout, g, scale);
+    reduce_sum_t(static_cast<const double*>(x), xs, keep, static_cast<double*>(y), scale, ws);
   check_launch("reduce_sum");
 }
 

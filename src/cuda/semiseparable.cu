@@ -17,8 +17,10 @@
 // The Woodbury solve (semiseparable_solve, compiled, not run on a GPU) composes
 // the Thomas launchers, cuBLAS, the sweep and a one-thread LU of the r x r
 // capacitance matrix with the CPU's own code (semisep::lu_factor / lu_solve).
+#include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -106,26 +108,67 @@ template <class T> void sweep(Mode mode, const SweepArgs<T>& s, const char* what
 }
 
 // Per b, over the chunk slots (width elements each, slot c of b at S + (b * nc + c) * width),
-// in chunk order, in double: kind 0 total (into slot 0), 1 exclusive prefix, 2 exclusive suffix.
+// in double: kind 0 total (into slot 0), 1 exclusive prefix in chunk order, 2
+// exclusive suffix. A block takes 32 elements of one b (a lane each, loads
+// coalesced) and cuts the chunks into kGroups runs, a warp each: run totals,
+// an exclusive scan over the runs, then each warp rewrites its run, loading
+// kBatch slots ahead. The order depends on nc only (deterministic); it is not
+// the CPU's strictly sequential order, so the doubles may differ in the last
+// bits before they are rounded to T.
+constexpr int kGroups = 32, kBatch = 8;
 template <class T> __global__ void combine_kernel(T* S, i64 B, i64 nc, i64 width, int kind) {
-  for (i64 t = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; t < B * width;
-       t += static_cast<i64>(gridDim.x) * blockDim.x) {
-    const i64 b = t / width, j = t % width;
+  __shared__ double run[kGroups][32];
+  const int lane = threadIdx.x, w = threadIdx.y;
+  const i64 jt = (width + 31) / 32;
+  for (i64 blk = blockIdx.x; blk < B * jt; blk += gridDim.x) {
+    const i64 b = blk / jt, j = (blk % jt) * 32 + lane;
+    const bool on = j < width;
     T* base = S + b * nc * width + j;
+    const i64 per = (nc + kGroups - 1) / kGroups, q0 = w * per, q1 = q0 + per < nc ? q0 + per : nc;
+    // slot of the q-th chunk in scan order
+    auto slot = [&](i64 q) { return base + (kind == 2 ? nc - 1 - q : q) * width; };
     double acc = 0;
-    for (i64 q = 0; q < nc; ++q) {
-      const i64 c = kind == 2 ? nc - 1 - q : q;
-      T* p = base + c * width;
-      const double v = static_cast<double>(*p);
-      if (kind != 0) *p = static_cast<T>(acc);
-      acc += v;
+    if (on)
+      for (i64 q = q0; q < q1; q += kBatch) {
+        T v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) v[k] = q + k < q1 ? *slot(q + k) : T(0);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) acc += static_cast<double>(v[k]);
+      }
+    run[w][lane] = acc;
+    __syncthreads();
+    if (w == 0) {
+      double total = 0;
+      for (int g = 0; g < kGroups; ++g) {
+        const double t = run[g][lane];
+        run[g][lane] = total;
+        total += t;
+      }
+      if (kind == 0 && on) *base = static_cast<T>(total);
     }
-    if (kind == 0) *base = static_cast<T>(acc);
+    __syncthreads();
+    if (kind != 0 && on) {
+      double p = run[w][lane];
+      for (i64 q = q0; q < q1; q += kBatch) {
+        T v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) v[k] = q + k < q1 ? *slot(q + k) : T(0);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (q + k < q1) {
+            *slot(q + k) = static_cast<T>(p);
+            p += static_cast<double>(v[k]);
+          }
+      }
+    }
+    __syncthreads();  // run is rewritten for the next block of elements
   }
 }
 template <class T> void combine(T* S, i64 B, i64 nc, i64 width, int kind) {
-  if (B * width <= 0) return;
-  combine_kernel<<<grid_for(B * width, kThreads), kThreads>>>(S, B, nc, width, kind);
+  if (B * width <= 0 || nc <= 0) return;
+  const i64 blocks = B * ((width + 31) / 32);
+  combine_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), dim3(32, kGroups)>>>(S, B, nc, width, kind);
   check_launch("semiseparable (combine chunk sums)");
 }
 
@@ -177,11 +220,633 @@ __global__ void band_grads_kernel(const T* x, const T* dy, T* dd, T* dup, T* dlo
   }
 }
 
+// ---- the forward product, tiled (f32 / f64; r <= 32, D <= 256) ----
+// Three kernels over shared-memory tiles, each FMA's operands in registers:
+//   chunk sums  S_c = sum_{i in chunk c} v_i (x) x_i (r x D): a block per
+//               chunk, a thread per 4 x 4 tile of S and row lane, the lanes
+//               added in order at the end;
+//   full rows   y_i = T x + u_i . W, W = sum_c S_c: a thread per 2 rows x 4
+//               columns, W and the block's rows of u in shared memory;
+//   causal scan y_i = lo x_{i-1} + d x_i + u_i . P_i, P_i = P_{i-1} + v_i (x) x_i
+//               from the chunk's exclusive prefix: a thread per chunk and
+//               kScanCols columns holds P (KB x kScanCols registers), the
+//               block's rows of u and v staged in shared memory.
+// Rows of u and v are staged with zeros past r (KB or kp: r rounded up to 4),
+// x with zeros past D (Dp), so the tiles need no bounds inside.
+constexpr int kTileThreads = 256;
+constexpr int kSmemBytes = 32768;  // per block, under the default 48 KB
+template <class T> struct Four {
+  T a[4];
+};
+__device__ inline Four<float> ld4(const float* p) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  return {{q.x, q.y, q.z, q.w}};
+}
+__device__ inline Four<double> ld4(const double* p) {
+  const double2 q0 = reinterpret_cast<const double2*>(p)[0], q1 = reinterpret_cast<const double2*>(p)[1];
+  return {{q0.x, q0.y, q1.x, q1.y}};
+}
+inline int round4(i64 n) { return static_cast<int>((n + 3) / 4 * 4); }
+
+template <class T>
+__global__ void chunk_sums_kernel(const T* x, const T* v, T* S, i64 B, i64 N, i64 D, i64 r, i64 L, i64 nc, int kp,
+                                  int Dp, int RB) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sm = reinterpret_cast<T*>(smem_raw);
+  T* const vs = sm;            // RB x kp
+  T* const xs = sm + RB * kp;  // RB x Dp
+  const int nthr = static_cast<int>(blockDim.x), me = static_cast<int>(threadIdx.x);
+  const int ne = Dp / 4, ntiles = (kp / 4) * ne;
+  for (i64 bc = blockIdx.x; bc < B * nc; bc += gridDim.x) {
+    const i64 b = bc / nc, i0 = (bc % nc) * L, n = (i0 + L < N ? L : N - i0);
+    for (int tbase = 0; tbase < ntiles; tbase += nthr) {
+      const int tcount = ntiles - tbase < nthr ? ntiles - tbase : nthr, G = nthr / tcount;
+      const bool active = me < G * tcount;
+      const int tl = me % tcount, g = me / tcount, kq = (tbase + tl) / ne, eq = (tbase + tl) % ne;
+      T acc[4][4] = {};
+      for (i64 t0 = 0; t0 < n; t0 += RB) {
+        const int m = static_cast<int>(n - t0 < RB ? n - t0 : RB);
+        __syncthreads();  // the last tile is consumed
+        for (int t = me; t < m * kp; t += nthr) {
+          const int j = t / kp, k = t % kp;
+          vs[t] = k < r ? v[(i0 + t0 + j) * r + k] : T(0);
+        }
+        for (int t = me; t < m * Dp; t += nthr) {
+          const int j = t / Dp, e = t % Dp;
+          xs[t] = e < D ? x[(b * N + i0 + t0 + j) * D + e] : T(0);
+        }
+        __syncthreads();
+        if (active)
+          for (int j = g; j < m; j += G) {
+            const Four<T> vv = ld4(vs + j * kp + 4 * kq), xx = ld4(xs + j * Dp + 4 * eq);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[a][q] += vv.a[a] * xx.a[q];
+          }
+      }
+      __syncthreads();  // sm now holds the lanes' partial tiles: (g, tl) at (g * tcount + tl) * 16
+      if (active)
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) sm[(g * tcount + tl) * 16 + a * 4 + q] = acc[a][q];
+      __syncthreads();
+      for (int o = me; o < tcount * 16; o += nthr) {
+        const int t = o / 16, aq = o % 16, k = ((tbase + t) / ne) * 4 + aq / 4, e = ((tbase + t) % ne) * 4 + aq % 4;
+        T sum = T(0);
+        for (int gg = 0; gg < G; ++gg) sum += sm[(gg * tcount + t) * 16 + aq];
+        if (k < r && e < D) S[(bc * r + k) * D + e] = sum;
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void full_rows_kernel(const T* x, const T* d, const T* up, const T* lo, const T* u, const T* S, T* y, i64 B,
+                                 i64 N, i64 D, i64 r, i64 nc, int kp, int Dp, int rows) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const Ws = reinterpret_cast<T*>(smem_raw);  // kp x Dp
+  T* const us = Ws + kp * Dp;                      // rows x kp
+  const int nthr = static_cast<int>(blockDim.x), me = static_cast<int>(threadIdx.x), ne = Dp / 4;
+  const int eq = me % ne, j0 = 2 * (me / ne), j1 = j0 + 1;
+  const i64 tiles = (N + rows - 1) / rows;
+  i64 staged = -1;
+  for (i64 bt = blockIdx.x; bt < B * tiles; bt += gridDim.x) {
+    const i64 rt = B * tiles - 1 - bt;  // last rows first: the chunk sums read them last
+    const i64 b = rt / tiles, i0 = (rt % tiles) * rows;
+    const int m = static_cast<int>(N - i0 < rows ? N - i0 : rows);
+    __syncthreads();
+    if (b != staged) {
+      for (int t = me; t < kp * Dp; t += nthr) {
+        const int k = t / Dp, e = t % Dp;
+        Ws[t] = k < r && e < D ? S[(b * nc * r + k) * D + e] : T(0);
+      }
+      staged = b;
+    }
+    for (int t = me; t < m * kp; t += nthr) {
+      const int j = t / kp, k = t % kp;
+      us[t] = k < r ? u[(i0 + j) * r + k] : T(0);
+    }
+    __syncthreads();
+    if (j0 >= m) continue;
+    const bool two = j1 < m;
+    T acc[2][4] = {};
+    for (int k = 0; k < kp; k += 4) {
+      const Four<T> ua = ld4(us + j0 * kp + k), ub = ld4(us + (two ? j1 : j0) * kp + k);
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const Four<T> w = ld4(Ws + (k + a) * Dp + 4 * eq);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[0][q] += ua.a[a] * w.a[q];
+          acc[1][q] += ub.a[a] * w.a[q];
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (h == 1 && !two) break;
+      const i64 i = i0 + j0 + h;
+      const T di = d[i], li = i > 0 ? lo[i - 1] : T(0), ui = i + 1 < N ? up[i] : T(0);
+      const T* xi = x + (b * N + i) * D;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const i64 e = 4 * eq + q;
+        if (e >= D) break;
+        T band = di * xi[e];
+        if (i > 0) band = li * xi[e - D] + band;
+        if (i + 1 < N) band = band + ui * xi[e + D];
+        y[(b * N + i) * D + e] = band + acc[h][q];
+      }
+    }
+  }
+}
+
+constexpr int kScanCols = 1;  // columns of P per thread in the causal scan
+template <class T, int KB, int EC>
+__global__ void causal_scan_kernel(const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S, T* y, i64 B,
+                                   i64 N, i64 D, i64 r, i64 L, i64 nc, int CPB, int RB) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const us = reinterpret_cast<T*>(smem_raw);  // CPB x RB x KB
+  T* const vs = us + CPB * RB * KB;
+  const int nthr = static_cast<int>(blockDim.x), me = static_cast<int>(threadIdx.x);
+  const int tpc = static_cast<int>((D + EC - 1) / EC), cl = me / tpc, e0 = (me % tpc) * EC;
+  const i64 nblk = (nc + CPB - 1) / CPB;
+  for (i64 bb = blockIdx.x; bb < B * nblk; bb += gridDim.x) {
+    const i64 rb = B * nblk - 1 - bb;  // last chunks first: the chunk sums read their x last
+    const i64 b = rb / nblk, c0 = (rb % nblk) * CPB, c = c0 + cl, i0 = c * L;
+    const bool on = cl < CPB && c < nc;
+    const i64 n = on ? (i0 + L < N ? L : N - i0) : 0;
+    T P[KB][EC], xp[EC], xv[EC];
+#pragma unroll
+    for (int q = 0; q < EC; ++q) {
+      const i64 e = e0 + q;
+      const bool col = on && e < D;
+#pragma unroll
+      for (int k = 0; k < KB; ++k) P[k][q] = col && k < r ? S[((b * nc + c) * r + k) * D + e] : T(0);
+      xp[q] = col && i0 > 0 ? x[(b * N + i0 - 1) * D + e] : T(0);
+      xv[q] = col && n > 0 ? x[(b * N + i0) * D + e] : T(0);
+    }
+    for (i64 t0 = 0; t0 < L; t0 += RB) {  // the same trip count in every thread (barriers)
+      const int m = static_cast<int>(L - t0 < RB ? L - t0 : RB);
+      __syncthreads();
+      for (int t = me; t < CPB * m * KB; t += nthr) {
+        const int cc = t / (m * KB), j = (t / KB) % m, k = t % KB;
+        const i64 ii = (c0 + cc) * L + t0 + j;
+        const bool ok = k < r && c0 + cc < nc && ii < N;
+        const int at = (cc * RB + j) * KB + k;
+        us[at] = ok ? u[ii * r + k] : T(0);
+        vs[at] = ok ? v[ii * r + k] : T(0);
+      }
+      __syncthreads();
+      const int mm = static_cast<int>(n - t0 < m ? (n - t0 > 0 ? n - t0 : 0) : m);
+      for (int j = 0; j < mm; ++j) {
+        const i64 i = i0 + t0 + j;
+        T xn[EC];  // the next row's x, loaded ahead
+#pragma unroll
+        for (int q = 0; q < EC; ++q) xn[q] = e0 + q < D && t0 + j + 1 < n ? x[(b * N + i + 1) * D + e0 + q] : T(0);
+        const T di = d[i], li = i > 0 ? lo[i - 1] : T(0);
+        const T* vr = vs + (cl * RB + j) * KB;
+        const T* ur = us + (cl * RB + j) * KB;
+#pragma unroll
+        for (int k = 0; k < KB; k += 4) {
+          const Four<T> vv = ld4(vr + k);
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int q = 0; q < EC; ++q) P[k + a][q] += vv.a[a] * xv[q];
+        }
+        T o[4][EC] = {};
+#pragma unroll
+        for (int k = 0; k < KB; k += 4) {
+          const Four<T> uu = ld4(ur + k);
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int q = 0; q < EC; ++q) o[a][q] += uu.a[a] * P[k + a][q];
+        }
+#pragma unroll
+        for (int q = 0; q < EC; ++q) {
+          const i64 e = e0 + q;
+          if (e < D) {
+            T band = di * xv[q];
+            if (i > 0) band = li * xp[q] + band;
+            y[(b * N + i) * D + e] = band + ((o[0][q] + o[1][q]) + (o[2][q] + o[3][q]));
+          }
+          xp[q] = xv[q];
+          xv[q] = xn[q];
+        }
+      }
+    }
+  }
+}
+
+// Whether the tiled kernels take this product (else the generic sweeps).
+// (and W with two rows of u fits kSmemBytes)
+bool tiled(const SemisepDims& dm, std::size_t es) {
+  return dm.r >= 1 && dm.r <= 32 && dm.D >= 1 && dm.D <= 256 &&
+         static_cast<std::size_t>(round4(dm.r)) * (round4(dm.D) + 2) * es <= static_cast<std::size_t>(kSmemBytes);
+}
+// rows per block of the full product: 2 per thread, W (kp x Dp) and the rows
+// of u (rows x kp) within kSmemBytes (tiled() leaves room for 2)
+template <class T> int full_rows_per_block(int kp, int Dp) {
+  const int ne = Dp / 4, by_threads = 2 * std::max(1, kTileThreads / ne);
+  const int fit = (kSmemBytes / static_cast<int>(sizeof(T)) - kp * Dp) / kp;
+  return std::max(2, std::min(by_threads, fit / 2 * 2));
+}
+unsigned capped(i64 blocks) { return static_cast<unsigned>(blocks < 4096 ? blocks : 4096); }
+
+template <class T> void chunk_sums(const SemisepDims& dm, const T* x, const T* v, T* S) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const int kp = round4(dm.r), Dp = round4(dm.D);
+  int RB = kSmemBytes / ((kp + Dp) * static_cast<int>(sizeof(T)));
+  RB = RB < 1 ? 1 : (RB > 64 ? 64 : RB);
+  const int red = kTileThreads * 16;  // the lanes' partial tiles
+  const std::size_t smem = static_cast<std::size_t>(std::max(RB * (kp + Dp), red)) * sizeof(T);
+  chunk_sums_kernel<T><<<capped(dm.B * nc), kTileThreads, smem>>>(x, v, S, dm.B, dm.N, dm.D, dm.r, dm.L, nc, kp, Dp, RB);
+  check_launch("semiseparable_matvec (chunk sums)");
+}
+
+template <class T, int KB, int EC>
+void causal_scan(const SemisepDims& dm, const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S, T* y) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const int tpc = static_cast<int>((dm.D + EC - 1) / EC);
+  const int CPB = std::min(tpc >= 128 ? 1 : 128 / tpc, kSmemBytes / (KB * 2 * static_cast<int>(sizeof(T))));
+  int RB = kSmemBytes / (CPB * KB * 2 * static_cast<int>(sizeof(T)));
+  RB = RB < 1 ? 1 : (RB > 32 ? 32 : RB);
+  const std::size_t smem = static_cast<std::size_t>(CPB) * RB * KB * 2 * sizeof(T);
+  causal_scan_kernel<T, KB, EC><<<capped(dm.B * ((nc + CPB - 1) / CPB)), CPB * tpc, smem>>>(
+      x, d, lo, u, v, S, y, dm.B, dm.N, dm.D, dm.r, dm.L, nc, CPB, RB);
+  check_launch("semiseparable_matvec (causal scan)");
+}
+template <class T, int EC>
+void causal_scan_kb(const SemisepDims& dm, const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S,
+                    T* y) {
+  if (dm.r <= 4) causal_scan<T, 4, EC>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 8) causal_scan<T, 8, EC>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 16) causal_scan<T, 16, EC>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 24) causal_scan<T, 24, EC>(dm, x, d, lo, u, v, S, y);
+  else causal_scan<T, 32, EC>(dm, x, d, lo, u, v, S, y);
+}
+
+// ---- the forward product, second generation (warp-level) ----
+// The first tiled kernels (above) spent most of their instructions staging
+// rows into shared memory with a division per element, and held too few
+// loads in flight (H200, N = 2^22, r = 22, D = 16: full 1.44 ms, causal
+// 2.45 ms against a 0.135 ms copy). These keep each warp's lanes on the same
+// rows, so a row of u or v is one broadcast, and move data without index
+// division:
+//   chunk sums  8 warps per chunk (rows strided by 8), lane = a 4 x 4 tile of
+//               S (r/4 x D/4 <= 32 tiles), loads straight from memory (16-byte
+//               x, 8-byte v where aligned), 4 rows in flight; the warps added
+//               in order at the end;
+//   full rows   lane = (row slot, 4 columns); W in shared memory per block,
+//               each warp's rows of u copied in (odd stride: no bank
+//               conflicts), the band's x rows loaded first;
+//   causal scan a warp takes 32 / D chunks (D <= 32), lane = (chunk, column)
+//               with P[KB] in registers; rows of u, v, x, d and lo are copied
+//               to shared memory RB rows at a time with cp.async, the next
+//               tile in flight while the current one is scanned.
+template <bool kVec> __device__ inline void ld_x4(const float* p, int avail, float* o) {
+  if constexpr (kVec) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    o[0] = q.x, o[1] = q.y, o[2] = q.z, o[3] = q.w;
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = q < avail ? p[q] : 0.f;
+  }
+}
+template <bool kVec> __device__ inline void ld_x4(const double* p, int avail, double* o) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) o[q] = q < avail ? p[q] : 0.0;
+}
+// 4 values of a row of v from p (avail of them exist): two 8-byte loads when r is even
+template <bool kVec> __device__ inline void ld_v4(const float* p, int avail, float* o) {
+  if constexpr (kVec) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    const float2 b = avail > 2 ? *reinterpret_cast<const float2*>(p + 2) : float2{0.f, 0.f};
+    o[0] = a.x, o[1] = a.y, o[2] = b.x, o[3] = b.y;
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) o[q] = q < avail ? p[q] : 0.f;
+  }
+}
+template <bool kVec> __device__ inline void ld_v4(const double* p, int avail, double* o) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) o[q] = q < avail ? p[q] : 0.0;
+}
+inline bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+template <class T, bool kVX, bool kVV>
+__global__ void __launch_bounds__(256) chunk_sums2_kernel(const T* x, const T* v, T* S, i64 B, i64 N, i64 D, i64 r,
+                                                          i64 L, i64 nc, int ne, int ntiles) {
+  __shared__ T red[8][32 * 16];
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  const bool on = lane < ntiles;
+  const int k0 = on ? 4 * (lane / ne) : 0, e0 = on ? 4 * (lane % ne) : 0;
+  const int kav = static_cast<int>(r) - k0, eav = static_cast<int>(D) - e0;
+  for (i64 bc = blockIdx.x; bc < B * nc; bc += gridDim.x) {
+    const i64 b = bc / nc, i0 = (bc % nc) * L, n = (i0 + L < N ? L : N - i0);
+    T acc[4][4] = {};
+    if (on) {
+      const T* xr = x + (b * N + i0) * D + e0;
+      const T* vr = v + i0 * r + k0;
+#pragma unroll 8
+      for (i64 j = w; j < n; j += 8) {
+        T xx[4], vv[4];
+        ld_x4<kVX>(xr + j * D, eav, xx);
+        ld_v4<kVV>(vr + j * r, kav, vv);
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[a][q] += vv[a] * xx[q];
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[w][lane * 16 + a * 4 + q] = acc[a][q];
+    __syncthreads();
+    for (int o = static_cast<int>(threadIdx.x); o < ntiles * 16; o += static_cast<int>(blockDim.x)) {
+      const int t = o >> 4, aq = o & 15, k = (t / ne) * 4 + (aq >> 2), e = (t % ne) * 4 + (aq & 3);
+      T sum = red[0][o];
+#pragma unroll
+      for (int g = 1; g < 8; ++g) sum += red[g][o];
+      if (k < r && e < D) S[(bc * r + k) * D + e] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+// One row's 4 columns of the full product: y = band + u_i . W[:, e0..e0+4)
+template <class T, bool kVX>
+__device__ inline void full_row_out(const T* ur, const T* Ws, int r, int Dp, int e0, int eav, i64 i, i64 N,
+                                    const T* xc, const T* xm, const T* xn, T di, T li, T ui, T* yi) {
+  T acc[4] = {};
+  for (int k = 0; k < r; ++k) {
+    const T uk = ur[k];
+    const Four<T> wk = ld4(Ws + k * Dp + e0);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[q] += uk * wk.a[q];
+  }
+  T out[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    T band = di * xc[q];
+    if (i > 0) band = li * xm[q] + band;
+    if (i + 1 < N) band = band + ui * xn[q];
+    out[q] = band + acc[q];
+  }
+  if constexpr (kVX && sizeof(T) == 4) {
+    *reinterpret_cast<float4*>(yi) = float4{out[0], out[1], out[2], out[3]};
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (q < eav) yi[q] = out[q];
+  }
+}
+
+template <class T, bool kVX>
+__global__ void __launch_bounds__(256) full_rows2_kernel(const T* x, const T* d, const T* up, const T* lo, const T* u,
+                                                         const T* S, T* y, i64 B, i64 N, i64 D, i64 r, i64 nc, int Dp,
+                                                         int ne, int rpw, int rs) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  T* const Ws = reinterpret_cast<T*>(smem_raw);  // r x Dp (columns past D zero)
+  T* const uw = Ws + r * Dp + w * rpw * rs;      // this warp's rows of u, stride rs (odd)
+  const int sl = lane / ne, e0 = 4 * (lane % ne);
+  const i64 rows_pb = 8 * static_cast<i64>(rpw), tiles = (N + rows_pb - 1) / rows_pb;
+  i64 wb = -1;
+  for (i64 bt = blockIdx.x; bt < B * tiles; bt += gridDim.x) {
+    const i64 rt = B * tiles - 1 - bt;  // last rows first: the chunk sums read them last
+    const i64 b = rt / tiles, ifirst = (rt % tiles) * rows_pb + w * rpw;
+    if (b != wb) {
+      __syncthreads();
+      for (int t = static_cast<int>(threadIdx.x); t < r * Dp; t += static_cast<int>(blockDim.x)) {
+        const int k = t / Dp, e = t % Dp;
+        Ws[t] = e < D ? S[(b * nc * r + k) * D + e] : T(0);
+      }
+      __syncthreads();
+      wb = b;
+    }
+    const int mw = static_cast<int>(N - ifirst < rpw ? (N - ifirst > 0 ? N - ifirst : 0) : rpw);
+    const i64 i = ifirst + sl;
+    const bool on = sl < mw;
+    const int eav = static_cast<int>(D) - e0;
+    T xc[4] = {}, xm[4] = {}, xn[4] = {}, di = T(0), li = T(0), ui = T(0);
+    if (on) {  // the band's loads first: they fly while u is copied in
+      const T* xi = x + (b * N + i) * D + e0;
+      ld_x4<kVX>(xi, eav, xc);
+      if (i > 0) ld_x4<kVX>(xi - D, eav, xm), li = lo[i - 1];
+      if (i + 1 < N) ld_x4<kVX>(xi + D, eav, xn), ui = up[i];
+      di = d[i];
+    }
+    // this warp's rows of u (mw r values, contiguous) into uw at stride rs: 8 loads in flight per lane
+    // before their stores
+    const int tot = mw * static_cast<int>(r);
+    const T* ug = u + ifirst * r;
+    __syncwarp();  // the last rows' reads of uw are done
+    for (int t0 = 0; t0 < tot; t0 += 256) {
+      T tmp[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int t = t0 + q * 32 + lane;
+        tmp[q] = t < tot ? ug[t] : T(0);
+      }
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int t = t0 + q * 32 + lane, row = t / static_cast<int>(r);
+        if (t < tot) uw[row * rs + (t - row * static_cast<int>(r))] = tmp[q];
+      }
+    }
+    __syncwarp();
+    if (on) full_row_out<T, kVX>(uw + sl * rs, Ws, static_cast<int>(r), Dp, e0, eav, i, N, xc, xm, xn, di, li, ui,
+                                 y + (b * N + i) * D + e0);
+  }
+}
+
+template <class T, int KB>
+__global__ void causal_scan2_kernel(const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S, T* y,
+                                    i64 B, i64 N, i64 D, i64 r, i64 L, i64 nc, int CPW, int RB, int ROW, int CH,
+                                    int WPB) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  T* const buf = reinterpret_cast<T*>(smem_raw) + static_cast<std::size_t>(w) * 2 * CPW * CH;
+  const int h = lane / static_cast<int>(D), e = lane % static_cast<int>(D);
+  // row layout (ROW values): u [0, KB), v [KB, 2 KB), x [2 KB, 2 KB + D), d, lo; rows of a chunk
+  // RB apart, chunks CH apart (CH = RB ROW + 4: no bank conflict between chunks), two buffers
+  const int ox = 2 * KB, od = 2 * KB + static_cast<int>(D);
+  for (int q = lane; q < 2 * CPW * CH; q += 32) buf[q] = T(0);  // u, v past r stay 0
+  __syncwarp();
+  const i64 per_b = (nc + CPW - 1) / CPW, groups = B * per_b, tiles = (L + RB - 1) / RB;
+  for (i64 gi = static_cast<i64>(blockIdx.x) * WPB + w; gi < groups; gi += static_cast<i64>(gridDim.x) * WPB) {
+    const i64 rg = groups - 1 - gi;  // last chunks first: the chunk sums read their x last
+    const i64 b = rg / per_b, c0 = (rg % per_b) * CPW, c = c0 + h;
+    const bool on = h < CPW && c < nc;
+    const i64 i0 = c * L, n = on ? (i0 + L < N ? L : N - i0) : 0;
+    T P[KB];
+#pragma unroll
+    for (int k = 0; k < KB; ++k) P[k] = on && k < r ? S[((b * nc + c) * r + k) * D + e] : T(0);
+    T xp = on && i0 > 0 ? x[(b * N + i0 - 1) * D + e] : T(0);
+    auto issue = [&](i64 t) {
+      T* bt = buf + (t & 1) * CPW * CH;
+      const i64 t0 = t * RB;
+      for (int hh = 0; hh < CPW; ++hh) {
+        const i64 cc = c0 + hh;
+        if (cc >= nc) break;
+        const i64 ci0 = cc * L, nn = (ci0 + L < N ? L : N - ci0);
+        const int m = static_cast<int>(nn - t0 < RB ? (nn - t0 > 0 ? nn - t0 : 0) : RB);
+        for (int j = 0; j < m; ++j) {
+          const i64 i = ci0 + t0 + j;
+          T* row = bt + hh * CH + j * ROW;
+          if (lane < r) {
+            __pipeline_memcpy_async(row + lane, u + i * r + lane, sizeof(T));
+            __pipeline_memcpy_async(row + KB + lane, v + i * r + lane, sizeof(T));
+          }
+          if (lane < D) __pipeline_memcpy_async(row + ox + lane, x + (b * N + i) * D + lane, sizeof(T));
+          if (lane == 0) __pipeline_memcpy_async(row + od, d + i, sizeof(T));
+          if (lane == 1) {
+            if (i > 0) __pipeline_memcpy_async(row + od + 1, lo + i - 1, sizeof(T));
+            else row[od + 1] = T(0);
+          }
+        }
+      }
+      __pipeline_commit();
+    };
+    issue(0);
+    for (i64 t = 0; t < tiles; ++t) {
+      if (t + 1 < tiles) issue(t + 1);
+      else __pipeline_commit();  // an empty group: one group per step
+      __pipeline_wait_prior(1);  // tile t's copies (this lane's) are done
+      __syncwarp();              // and every lane's are visible
+      const T* base = buf + (t & 1) * CPW * CH + h * CH;
+      const i64 t0 = t * RB;
+      const int mm = on ? static_cast<int>(n - t0 < RB ? (n - t0 > 0 ? n - t0 : 0) : RB) : 0;
+      for (int j = 0; j < mm; ++j) {
+        const T* row = base + j * ROW;
+        const T xv = row[ox + e], di = row[od], li = row[od + 1];
+#pragma unroll
+        for (int k = 0; k < KB; k += 4) {
+          const Four<T> vv = ld4(row + KB + k);
+#pragma unroll
+          for (int a = 0; a < 4; ++a) P[k + a] += vv.a[a] * xv;
+        }
+        T o[4] = {};
+#pragma unroll
+        for (int k = 0; k < KB; k += 4) {
+          const Four<T> uu = ld4(row + k);
+#pragma unroll
+          for (int a = 0; a < 4; ++a) o[a] += uu.a[a] * P[k + a];
+        }
+        const i64 i = i0 + t0 + j;
+        T band = di * xv;
+        if (i > 0) band = li * xp + band;
+        y[(b * N + i) * D + e] = band + ((o[0] + o[1]) + (o[2] + o[3]));
+        xp = xv;
+      }
+      __syncwarp();  // buffer t & 1 is read before issue(t + 2) refills it
+    }
+  }
+}
+
+template <class T> bool sums2_applies(const SemisepDims& dm) {
+  return (round4(dm.r) / 4) * (round4(dm.D) / 4) <= 32;
+}
+template <class T> void chunk_sums2(const SemisepDims& dm, const T* x, const T* v, T* S) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const int ne = round4(dm.D) / 4, ntiles = (round4(dm.r) / 4) * ne;
+  const bool vx = sizeof(T) == 4 && dm.D % 4 == 0 && aligned(x, 16), vv = sizeof(T) == 4 && dm.r % 2 == 0 && aligned(v, 8);
+  const unsigned g = capped(dm.B * nc);
+  if (vx && vv) chunk_sums2_kernel<T, true, true><<<g, 256>>>(x, v, S, dm.B, dm.N, dm.D, dm.r, dm.L, nc, ne, ntiles);
+  else if (vx) chunk_sums2_kernel<T, true, false><<<g, 256>>>(x, v, S, dm.B, dm.N, dm.D, dm.r, dm.L, nc, ne, ntiles);
+  else if (vv) chunk_sums2_kernel<T, false, true><<<g, 256>>>(x, v, S, dm.B, dm.N, dm.D, dm.r, dm.L, nc, ne, ntiles);
+  else chunk_sums2_kernel<T, false, false><<<g, 256>>>(x, v, S, dm.B, dm.N, dm.D, dm.r, dm.L, nc, ne, ntiles);
+  check_launch("semiseparable_matvec (chunk sums)");
+}
+template <class T>
+void full_rows2(const SemisepDims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u, const T* S,
+                T* y) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const int Dp = round4(dm.D), ne = Dp / 4, rpw = 32 / ne, rs = static_cast<int>(dm.r) | 1;
+  const std::size_t smem = static_cast<std::size_t>(dm.r * Dp + 8 * rpw * rs) * sizeof(T);
+  const i64 tiles = (dm.N + 8 * rpw - 1) / (8 * rpw);
+  const unsigned g = static_cast<unsigned>(std::min<i64>(dm.B * tiles, 132 * 8));
+  const bool vx = sizeof(T) == 4 && dm.D % 4 == 0 && aligned(x, 16) && aligned(y, 16);
+  if (vx)
+    full_rows2_kernel<T, true><<<g, 256, smem>>>(x, d, up, lo, u, S, y, dm.B, dm.N, dm.D, dm.r, nc, Dp, ne, rpw, rs);
+  else
+    full_rows2_kernel<T, false><<<g, 256, smem>>>(x, d, up, lo, u, S, y, dm.B, dm.N, dm.D, dm.r, nc, Dp, ne, rpw, rs);
+  check_launch("semiseparable_matvec (rows)");
+}
+template <class T, int KB>
+void causal_scan2(const SemisepDims& dm, const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S,
+                  T* y) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  // per warp at most 10 KB of shared memory (4 warps a block): two buffers of CPW chunks of RB rows,
+  // RB >= 2; chunks padded so that their rows sit 16 bytes apart modulo 128 (no bank conflict)
+  // (the padding is under 128 bytes a chunk: budgeted as 128)
+  const int es = static_cast<int>(sizeof(T)), ROW = round4(2 * KB + dm.D + 2), WPB = 4, per_warp = 10240;
+  const int CPW = std::max(1, std::min(32 / static_cast<int>(dm.D), per_warp / (2 * (2 * ROW * es + 128))));
+  const int RB = std::clamp((per_warp / (2 * CPW) - 128) / (ROW * es), 2, 32);
+  const int CH = RB * ROW + (((16 - RB * ROW * es) % 128 + 128) % 128) / es;
+  const std::size_t smem = static_cast<std::size_t>(WPB) * 2 * CPW * CH * sizeof(T);
+  const i64 groups = dm.B * ((nc + CPW - 1) / CPW);
+  const unsigned g = static_cast<unsigned>(std::min<i64>((groups + WPB - 1) / WPB, 65535));
+  causal_scan2_kernel<T, KB><<<g, 32 * WPB, smem>>>(x, d, lo, u, v, S, y, dm.B, dm.N, dm.D, dm.r, dm.L, nc, CPW, RB,
+                                                    ROW, CH, WPB);
+  check_launch("semiseparable_matvec (causal scan)");
+}
+template <class T>
+void causal_scan2_kb(const SemisepDims& dm, const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S,
+                     T* y) {
+  if (dm.r <= 4) causal_scan2<T, 4>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 8) causal_scan2<T, 8>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 16) causal_scan2<T, 16>(dm, x, d, lo, u, v, S, y);
+  else if (dm.r <= 24) causal_scan2<T, 24>(dm, x, d, lo, u, v, S, y);
+  else causal_scan2<T, 32>(dm, x, d, lo, u, v, S, y);
+}
+
+// The tiled forward: chunk sums, combined (total or exclusive prefix), then
+// the rows. variant 1: the first tiled kernels only; else the warp-level ones
+// where they apply. cols: columns of P per thread in the first causal scan.
+template <class T>
+void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                  const T* v, T* y, T* S, int variant, int cols, int upto) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L, rD = dm.r * dm.D;
+  const bool v2 = variant != 1;
+  if (v2 && sums2_applies<T>(dm)) chunk_sums2(dm, x, v, S);
+  else chunk_sums(dm, x, v, S);
+  if (upto == 1) return;
+  combine(S, dm.B, nc, rD, causal ? 1 : 0);
+  if (upto == 2) return;
+  if (causal) {
+    if (v2 && dm.D <= 32) causal_scan2_kb<T>(dm, x, d, lo, u, v, S, y);
+    else if (cols == 2) causal_scan_kb<T, 2>(dm, x, d, lo, u, v, S, y);
+    else causal_scan_kb<T, 1>(dm, x, d, lo, u, v, S, y);
+    return;
+  }
+  if (v2 && dm.D <= 128) {
+    full_rows2(dm, x, d, up, lo, u, S, y);
+    return;
+  }
+  const int kp = round4(dm.r), Dp = round4(dm.D), ne = Dp / 4, rows = full_rows_per_block<T>(kp, Dp);
+  const std::size_t smem = static_cast<std::size_t>(kp * Dp + rows * kp) * sizeof(T);
+  const i64 tiles = (dm.N + rows - 1) / rows;
+  full_rows_kernel<T><<<capped(dm.B * tiles), (rows / 2) * ne, smem>>>(x, d, up, lo, u, S, y, dm.B, dm.N, dm.D, dm.r, nc,
+                                                                       kp, Dp, rows);
+  check_launch("semiseparable_matvec (rows)");
+}
+
 template <class T>
 void matvec_t(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
-              const T* v, T* y, T* S, DType dt) {
+              const T* v, T* y, T* S, DType dt, int variant, int cols, int upto) {
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, L = dm.L, nc = (N + L - 1) / L, rD = r * D;
   if (B * N * D == 0) return;
+  if (tiled(dm, sizeof(T))) {
+    matvec_tiled(dm, causal, x, d, up, lo, u, v, y, S, variant, cols, upto);
+    return;
+  }
   if (!causal) {
     // W_b = V^T x_b (r x D, at S + b nc rD), y_b = U W_b, then y += T x
     gemm(dt, true, false, B, r, D, N, v, 0, x, N * D, S, nc * rD);
@@ -503,12 +1168,13 @@ template <class F> void by_type(DType t, F f) {
 }  // namespace
 
 void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
-                    const void* lo, const void* u, const void* v, void* y, void* ws) {
+                    const void* lo, const void* u, const void* v, void* y, void* ws, int variant, int scan_cols,
+                    int upto) {
   by_type(t, [&](auto z) {
     using T = decltype(z);
     matvec_t<T>(dm, causal, static_cast<const T*>(x), static_cast<const T*>(d), static_cast<const T*>(up),
                 static_cast<const T*>(lo), static_cast<const T*>(u), static_cast<const T*>(v), static_cast<T*>(y),
-                static_cast<T*>(ws), t);
+                static_cast<T*>(ws), t, variant, scan_cols > 0 ? scan_cols : kScanCols, upto);
   });
 }
 

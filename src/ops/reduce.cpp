@@ -7,6 +7,7 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/rows.hpp"
+#include "ops/sum_layout.hpp"
 #if AD_HAVE_CUDA
 #include "cuda/launch.hpp"
 #endif
@@ -123,10 +124,17 @@ void sum_cpu(const KernelArgs& k) {
   });
 }
 AD_CUDA_ONLY(void sum_cuda(const KernelArgs& k) {
-  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw(), 1.0);
+  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw(), 1.0,
+                     k.workspace);
 })
 void sum_bwd(BackwardArgs& a) { a.grad[0] = expand_back(a.dout, a.in[0], a.attrs.axes); }
-const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .cuda = AD_CUDA_FN(sum_cuda), .backward = sum_bwd};
+// On a GPU, few outputs over many terms sum in parts: f64 partials (ops/sum_layout.hpp)
+std::int64_t sum_ws(const InferArgs& a, const Meta&) {
+  if (a[0].device.kind != DeviceKind::cuda) return 0;
+  return sumlayout::layout(a[0].shape, keepdim_shape(a[0].shape, a.attrs.axes)).ws_bytes();
+}
+const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .cuda = AD_CUDA_FN(sum_cuda), .backward = sum_bwd,
+                       .workspace = sum_ws};
 Var sum(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::sum, {x}, reduce_attrs("sum", x, axes, keepdim));
 }
@@ -144,7 +152,7 @@ void mean_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void mean_cuda(const KernelArgs& k) {
   double c = static_cast<double>(reduced_count(k[0].shape(), k.attrs.axes));
   cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw(),
-                     1.0 / c);
+                     1.0 / c, k.workspace);
 })
 void mean_bwd(BackwardArgs& a) {
   double c = static_cast<double>(reduced_count(a.in[0].shape(), a.attrs.axes));
@@ -159,7 +167,7 @@ Meta infer_mean(const InferArgs& a) {
   return m;
 }
 const OpDef op_def_mean{.name = "mean", .args = "x", .arity = 1, .infer = infer_mean, .cpu = mean_cpu, .cuda = AD_CUDA_FN(mean_cuda),
-                        .backward = mean_bwd};
+                        .backward = mean_bwd, .workspace = sum_ws};
 Var mean(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::mean, {x}, reduce_attrs("mean", x, axes, keepdim));
 }

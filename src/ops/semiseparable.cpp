@@ -7,6 +7,7 @@
 #include "ad/ops.hpp"
 
 #include <array>
+#include <atomic>
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
@@ -16,6 +17,14 @@
 #endif
 
 namespace ad {
+
+namespace semisep {
+namespace {
+std::atomic<int> g_gpu_matvec_variant{0};
+}  // namespace
+int set_gpu_matvec_variant(int v) { return g_gpu_matvec_variant.exchange(v); }
+int gpu_matvec_variant() { return g_gpu_matvec_variant.load(); }
+}  // namespace semisep
 
 namespace {
 using i64 = std::int64_t;
@@ -173,7 +182,7 @@ void semiseparable_matvec_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void semiseparable_matvec_cuda(const KernelArgs& k) {
   cuda_k::SemisepDims dm = gpu_dims("semiseparable_matvec", k);
   cuda_k::semisep_matvec(k[0].dtype(), dm, k.attrs.causal, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(), k[4].raw(),
-                         k[5].raw(), k.out.raw(), k.workspace);
+                         k[5].raw(), k.out.raw(), k.workspace, semisep::gpu_matvec_variant());
 })
 double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
   double r = static_cast<double>(a[4].shape[1]);

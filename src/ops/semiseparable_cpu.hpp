@@ -32,6 +32,13 @@ inline Dims make_dims(std::int64_t B, std::int64_t N, std::int64_t D, std::int64
 std::size_t stream_min_bytes();
 void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 
+// Which CUDA kernels semiseparable_matvec's forward runs on a GPU
+// (cuda_k::semisep_matvec's variant): 0 the default (the warp-level kernels
+// where they apply), 1 the first tiled kernels only. Returns the previous
+// setting; for tests and benchmarks that compare the two.
+int set_gpu_matvec_variant(int v);
+int gpu_matvec_variant();
+
 // Workspace carving: regions of `n` elements, each rounded up to 64 bytes.
 struct Carve {
   char* p = nullptr;

@@ -6,6 +6,7 @@
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
 #include "ops/pointwise.hpp"
+#include "ops/sum_layout.hpp"
 #if AD_HAVE_CUDA
 #include "cuda/launch.hpp"
 #endif
@@ -195,17 +196,27 @@ void sum_to_cpu(const KernelArgs& k) {
     }
   });
 }
-// sum over the leading dims and the dims where the target has 1
-AD_CUDA_ONLY(void sum_to_cuda(const KernelArgs& k) {
-  const Shape& xs = k[0].shape();
+// sum over the leading dims and the dims where the target has 1: x's shape with 1 at each summed axis
+namespace {
+Shape sum_to_keep(const Shape& xs, const Shape& target) {
   Shape keep;
-  for (int i = 0; i < xs.rank() - k.out.shape().rank(); ++i) keep.push_back(1);
-  for (auto d : k.out.shape()) keep.push_back(d);
-  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), xs, keep, k.out.raw(), 1.0);
+  for (int i = 0; i < xs.rank() - target.rank(); ++i) keep.push_back(1);
+  for (auto d : target) keep.push_back(d);
+  return keep;
+}
+}  // namespace
+AD_CUDA_ONLY(void sum_to_cuda(const KernelArgs& k) {
+  cuda_k::reduce_sum(k.out.dtype(), k[0].raw(), k[0].shape(), sum_to_keep(k[0].shape(), k.out.shape()), k.out.raw(), 1.0,
+                     k.workspace);
 })
 void sum_to_bwd(BackwardArgs& a) { a.grad[0] = broadcast_to(a.dout, a.in[0].shape()); }
+// the GPU's f64 partials (ops/sum_layout.hpp)
+std::int64_t sum_to_ws(const InferArgs& a, const Meta& out) {
+  if (a[0].device.kind != DeviceKind::cuda) return 0;
+  return sumlayout::layout(a[0].shape, sum_to_keep(a[0].shape, out.shape)).ws_bytes();
+}
 const OpDef op_def_sum_to{.name = "sum_to", .args = "x", .arity = 1, .infer = infer_sum_to, .cpu = sum_to_cpu, .cuda = AD_CUDA_FN(sum_to_cuda),
-                          .backward = sum_to_bwd};
+                          .backward = sum_to_bwd, .workspace = sum_to_ws};
 Var sum_to(const Operand& x, const Shape& shape) {
   Attrs at;
   at.shape = shape;
