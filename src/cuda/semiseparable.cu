@@ -26,6 +26,7 @@
 
 #include "core/device.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/semisep_plan.hpp"
 #include "cuda/util.cuh"
 #include "ops/semiseparable_cpu.hpp"
 #include "ops/semiseparable_math.hpp"
@@ -750,9 +751,7 @@ __global__ void causal_scan2_kernel(const T* x, const T* d, const T* lo, const T
   }
 }
 
-template <class T> bool sums2_applies(const SemisepDims& dm) {
-  return (round4(dm.r) / 4) * (round4(dm.D) / 4) <= 32;
-}
+template <class T> bool sums2_applies(const SemisepDims& dm) { return semisep_plan::sums_tiles(dm.r, dm.D) <= 32; }
 template <class T> void chunk_sums2(const SemisepDims& dm, const T* x, const T* v, T* S) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L;
   const int ne = round4(dm.D) / 4, ntiles = (round4(dm.r) / 4) * ne;
@@ -768,8 +767,9 @@ template <class T>
 void full_rows2(const SemisepDims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u, const T* S,
                 T* y) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L;
-  const int Dp = round4(dm.D), ne = Dp / 4, rpw = 32 / ne, rs = static_cast<int>(dm.r) | 1;
-  const std::size_t smem = static_cast<std::size_t>(dm.r * Dp + 8 * rpw * rs) * sizeof(T);
+  const semisep_plan::Rows p = semisep_plan::rows(dm.r, dm.D, static_cast<int>(sizeof(T)));
+  const int Dp = p.Dp, ne = p.ne, rpw = p.rpw, rs = p.rs;
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
   const i64 tiles = (dm.N + 8 * rpw - 1) / (8 * rpw);
   const unsigned g = static_cast<unsigned>(std::min<i64>(dm.B * tiles, 132 * 8));
   const bool vx = sizeof(T) == 4 && dm.D % 4 == 0 && aligned(x, 16) && aligned(y, 16);
@@ -783,14 +783,9 @@ template <class T, int KB>
 void causal_scan2(const SemisepDims& dm, const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S,
                   T* y) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L;
-  // per warp at most 10 KB of shared memory (4 warps a block): two buffers of CPW chunks of RB rows,
-  // RB >= 2; chunks padded so that their rows sit 16 bytes apart modulo 128 (no bank conflict)
-  // (the padding is under 128 bytes a chunk: budgeted as 128)
-  const int es = static_cast<int>(sizeof(T)), ROW = round4(2 * KB + dm.D + 2), WPB = 4, per_warp = 10240;
-  const int CPW = std::max(1, std::min(32 / static_cast<int>(dm.D), per_warp / (2 * (2 * ROW * es + 128))));
-  const int RB = std::clamp((per_warp / (2 * CPW) - 128) / (ROW * es), 2, 32);
-  const int CH = RB * ROW + (((16 - RB * ROW * es) % 128 + 128) % 128) / es;
-  const std::size_t smem = static_cast<std::size_t>(WPB) * 2 * CPW * CH * sizeof(T);
+  const semisep_plan::Scan p = semisep_plan::scan(dm.D, KB, static_cast<int>(sizeof(T)));
+  const int CPW = p.CPW, RB = p.RB, ROW = p.ROW, CH = p.CH, WPB = p.WPB;
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
   const i64 groups = dm.B * ((nc + CPW - 1) / CPW);
   const unsigned g = static_cast<unsigned>(std::min<i64>((groups + WPB - 1) / WPB, 65535));
   causal_scan2_kernel<T, KB><<<g, 32 * WPB, smem>>>(x, d, lo, u, v, S, y, dm.B, dm.N, dm.D, dm.r, dm.L, nc, CPW, RB,
@@ -826,7 +821,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
     else causal_scan_kb<T, 1>(dm, x, d, lo, u, v, S, y);
     return;
   }
-  if (v2 && dm.D <= 128) {
+  if (v2 && semisep_plan::rows(dm.r, dm.D, static_cast<int>(sizeof(T))).fits) {
     full_rows2(dm, x, d, up, lo, u, S, y);
     return;
   }

@@ -1,0 +1,125 @@
+// The host-side arithmetic of GPU launches, checked on the CPU in every build:
+// a wrong layout or shared-memory size here shows only on a GPU, and CI has
+// none. (A causal scan asking for 50 KB of shared memory at D = 2 was found
+// that way on an H200, 2026-11-26: "invalid argument" at launch.)
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "cuda/semisep_plan.hpp"
+#include "ops/sum_layout.hpp"
+#include "test_util.hpp"
+
+using namespace ad;
+using namespace ad::test;
+
+namespace {
+// x's shape with 1 at each summed axis
+Shape keep_of(const Shape& xs, const std::vector<int>& summed) {
+  Shape k = xs;
+  for (int a : summed) k[a] = 1;
+  return k;
+}
+}  // namespace
+
+TEST_CASE("gpu plans: sums take the [O][R][I] layouts, with parts only for few outputs") {
+  using sumlayout::layout;
+  {  // everything: one output, 67 million terms in 1024 parts
+    auto L = layout(Shape{8192, 8192}, Shape{1, 1});
+    CHECK((!L.general && L.O == 1 && L.R == 8192 * 8192 && L.I == 1 && L.P == 1024));
+    CHECK(L.ws_bytes() == 1024 * 8);
+  }
+  {  // rows: 8192 outputs, enough blocks without parts
+    auto L = layout(Shape{8192, 8192}, Shape{8192, 1});
+    CHECK((L.O == 8192 && L.R == 8192 && L.I == 1 && L.P == 1 && L.ws_bytes() == 0));
+  }
+  {  // columns: a thread per column, 8 parts to reach 65536 threads
+    auto L = layout(Shape{8192, 8192}, Shape{1, 8192});
+    CHECK((L.O == 1 && L.R == 8192 && L.I == 8192 && L.P == 8 && L.ws_bytes() == 8 * 8192 * 8));
+  }
+  {  // a middle axis: [O][R][I] with all three, size-1 axes ignored
+    auto L = layout(Shape{4, 1, 3000, 5}, Shape{4, 1, 1, 5});
+    CHECK((!L.general && L.O == 4 && L.R == 3000 && L.I == 5));
+  }
+  // summed, kept, summed: the generic kernel, no workspace
+  CHECK(layout(Shape{40, 6, 300}, Shape{1, 6, 1}).general);
+  CHECK(layout(Shape{40, 6, 300}, Shape{1, 6, 1}).ws_bytes() == 0);
+  // nothing summed, and a tensor of size-1 axes
+  CHECK(layout(Shape{7, 9}, Shape{7, 9}).R == 1);
+  CHECK(layout(Shape{1, 1}, Shape{1, 1}).O * layout(Shape{1, 1}, Shape{1, 1}).R == 1);
+}
+
+TEST_CASE("gpu plans: the [O][R][I] indexing the sum kernels use gives the CPU's sums") {
+  // For every choice of summed axes of a rank-4 shape: where the layout is not
+  // general, output (o, i) summed as the GPU kernels index it, x[(o R + r) I + i],
+  // each of the P parts in turn, equals the CPU op's result.
+  Rng rng(5);
+  const Shape xs{2, 130, 3, 33};  // sizes where some layouts take parts (P > 1)
+  Tensor x = Tensor::randn(xs, rng, DType::f64);
+  const std::vector<double> xv = x.to_vector();
+  int checked = 0, with_parts = 0;
+  for (int mask = 1; mask < 16; ++mask) {
+    std::vector<int> summed;
+    for (int a = 0; a < 4; ++a)
+      if (mask & (1 << a)) summed.push_back(a);
+    const Shape keep = keep_of(xs, summed);
+    const sumlayout::Layout L = sumlayout::layout(xs, keep);
+    CAPTURE(mask);
+    if (L.general) continue;
+    CHECK(L.O * L.R * L.I == xs.numel());
+    with_parts += L.P > 1;
+    Shape axes;
+    for (int a : summed) axes.push_back(a);
+    Graph g;
+    const std::vector<double> want = eval(sum(g.input(x), axes, true)).to_vector();
+    REQUIRE(static_cast<std::int64_t>(want.size()) == L.O * L.I);
+    for (std::int64_t o = 0; o < L.O; ++o)
+      for (std::int64_t i = 0; i < L.I; ++i) {
+        double acc = 0;
+        for (std::int64_t p = 0; p < L.P; ++p)
+          for (std::int64_t r = L.R * p / L.P; r < L.R * (p + 1) / L.P; ++r)
+            acc += xv[static_cast<std::size_t>((o * L.R + r) * L.I + i)];
+        CHECK(acc == doctest::Approx(want[static_cast<std::size_t>(o * L.I + i)]).epsilon(1e-12));
+      }
+    ++checked;
+  }
+  CHECK(checked >= 8);  // of the 15 choices, those with summed axes in one run
+  CHECK(with_parts >= 2);
+}
+
+TEST_CASE("gpu plans: the semiseparable scan and rows fit their shared memory") {
+  namespace sp = cuda_k::semisep_plan;
+  for (int es : {4, 8})
+    for (int KB : {4, 8, 16, 24, 32})
+      for (std::int64_t D = 1; D <= 32; ++D) {
+        CAPTURE(es);
+        CAPTURE(KB);
+        CAPTURE(D);
+        const sp::Scan p = sp::scan(D, KB, es);
+        CHECK(p.smem_bytes <= sp::kBlockSmem);
+        CHECK((p.RB >= 2 && p.RB <= 32));
+        CHECK((p.CPW >= 1 && p.CPW * D <= 32));
+        CHECK(p.ROW % 4 == 0);
+        CHECK(p.ROW >= 2 * KB + D + 2);
+        CHECK(p.CH >= p.RB * p.ROW);
+        CHECK((p.CH * es) % 16 == 0);  // 16-byte loads stay aligned in every chunk
+        if (p.CPW > 1) CHECK((p.CH * es) % 128 == 16);
+      }
+  // the rows kernel: where it does not fit, the first tiled kernel runs instead
+  int over = 0;
+  for (int es : {4, 8})
+    for (std::int64_t r = 1; r <= 32; ++r)
+      for (std::int64_t D = 1; D <= 128; ++D) {
+        const sp::Rows p = sp::rows(r, D, es);
+        CHECK((p.rpw >= 1 && p.rpw * p.ne <= 32 && p.rs >= r && p.rs % 2 == 1));
+        if (!p.fits) {
+          ++over;
+          CHECK(es == 8);  // f32 always fits
+        }
+      }
+  CHECK(over > 0);  // f64 with r near 32 and D <= 4 does not
+  CHECK(sp::rows(22, 16, 4).fits);
+  CHECK(sp::sums_tiles(22, 16) == 24);
+}
