@@ -117,7 +117,7 @@ template <class T> void sweep(Mode mode, const SweepArgs<T>& s, const char* what
 // the CPU's strictly sequential order, so the doubles may differ in the last
 // bits before they are rounded to T.
 constexpr int kGroups = 32, kBatch = 8;
-template <class T> __global__ void combine_kernel(T* S, i64 B, i64 nc, i64 width, int kind) {
+template <class T> __global__ void __launch_bounds__(32 * kGroups) combine_kernel(T* S, i64 B, i64 nc, i64 width, int kind) {
   __shared__ double run[kGroups][32];
   const int lane = threadIdx.x, w = threadIdx.y;
   const i64 jt = (width + 31) / 32;
