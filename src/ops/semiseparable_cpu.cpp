@@ -342,6 +342,17 @@ template <class T, class V> AD_ALWAYS_INLINE void put(T* p, const V& v, bool str
 // and mixing them in tiles as above was tried (2026-11-26): as fast in
 // cache, 1.5x slower at N = 2^22 on an AVX2 host.
 
+// A sweep over the columns [c0, c0 + w) of every row streams its stores only
+// when they fill whole 64-byte lines (whole rows, or 64-byte pieces of rows
+// of a multiple of 64 bytes): the two halves of a line stored by two sweeps
+// far apart in time leave part-filled write-combining buffers, each a
+// partial-line write at the memory (AVX2 EPYC host, r = 4, causal, N = 2^22:
+// 103 ms with half-line sweeps streamed, 77 ms plain, 2026-11-26).
+template <class T> bool fills_lines(i64 D, i64 c0, i64 w) {
+  constexpr i64 s = sizeof(T);
+  return (c0 == 0 && w == D) || ((D * s) % 64 == 0 && (c0 * s) % 64 == 0 && (w * s) % 64 == 0);
+}
+
 // Row i of a matrix: base + (i - origin) * stride.
 template <class T> struct RowPtr {
   const T* base;
@@ -454,14 +465,16 @@ AD_ALWAYS_INLINE i64 mix_cols(const T* M, T* y, i64 D, i64 r, i64 c0, i64 i0, i6
                               const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   for (; c0 + 2 * kW <= D; c0 += 2 * kW) {
+    const bool st = stream && fills_lines<T>(D, c0, 2 * kW);
     i64 i = i0;
-    for (; i + 4 <= i1; i += 4) mix_tile<4, 2, VB>(M, y, D, r, c0, i, brow, start, stream);
-    for (; i < i1; ++i) mix_tile<1, 2, VB>(M, y, D, r, c0, i, brow, start, stream);
+    for (; i + 4 <= i1; i += 4) mix_tile<4, 2, VB>(M, y, D, r, c0, i, brow, start, st);
+    for (; i < i1; ++i) mix_tile<1, 2, VB>(M, y, D, r, c0, i, brow, start, st);
   }
   if (c0 + kW <= D) {
+    const bool st = stream && fills_lines<T>(D, c0, kW);
     i64 i = i0;
-    for (; i + 8 <= i1; i += 8) mix_tile<8, 1, VB>(M, y, D, r, c0, i, brow, start, stream);
-    for (; i < i1; ++i) mix_tile<1, 1, VB>(M, y, D, r, c0, i, brow, start, stream);
+    for (; i + 8 <= i1; i += 8) mix_tile<8, 1, VB>(M, y, D, r, c0, i, brow, start, st);
+    for (; i < i1; ++i) mix_tile<1, 1, VB>(M, y, D, r, c0, i, brow, start, st);
     c0 += kW;
   }
   return c0;
@@ -501,59 +514,73 @@ AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, 
   const T* b0 = brow(s) + k0;
   const T* x0 = x + s * D + c0;
   T* y0 = y + s * D + c0;
-  for (i64 t = 0, n = i1 - i0; t < n; ++t) {
-    const T *a = a0 + t * as, *b = b0 + t * bs, *xp = x0 + t * xs;
-    T* yp = y0 + t * xs;
-    V xv[NC];
-    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
-    for (int q = 0; q < KN; ++q)
-      for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
-    V yv[NC];
-    for (int j = 0; j < NC; ++j) {
-      if (first) start.vec(yv[j], y, D, s + dir * t, c0 + j * kW);
-      else std::memcpy(&yv[j], yp + j * kW, sizeof(V));
+  // one loop per (first, stream): branches on them inside the loop made GCC
+  // keep m on the stack (spilled and reloaded every row)
+  auto rows = [&](auto first_c, auto stream_c) {
+    for (i64 t = 0, n = i1 - i0; t < n; ++t) {
+      const T *a = a0 + t * as, *b = b0 + t * bs, *xp = x0 + t * xs;
+      T* yp = y0 + t * xs;
+      V xv[NC];
+      for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
+      for (int q = 0; q < KN; ++q)
+        for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
+      V yv[NC];
+      for (int j = 0; j < NC; ++j) {
+        if constexpr (decltype(first_c)::value) start.vec(yv[j], y, D, s + dir * t, c0 + j * kW);
+        else std::memcpy(&yv[j], yp + j * kW, sizeof(V));
+      }
+      for (int q = 0; q < KN; ++q)
+        for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
+      for (int j = 0; j < NC; ++j) put(yp + j * kW, yv[j], decltype(stream_c)::value);
     }
-    for (int q = 0; q < KN; ++q)
-      for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
-    for (int j = 0; j < NC; ++j) put(yp + j * kW, yv[j], stream);
-  }
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (!first) rows(no{}, no{});
+  else if (stream) rows(yes{}, yes{});
+  else rows(yes{}, no{});
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
 }
 // Column blocks of VB bytes from c0 while they fit; returns the first column
-// left. Without AVX-512 and with r > 8, pairs of column vectors by blocks of
-// 4 rows of M: two chains of 4 dependent FMAs per row instead of one of 8
-// (r = 16 causal on an AVX2 host, in cache: 1.26x faster). When one block covers all of
-// M's rows (r <= 8, or r == 16 with AVX-512) y_i is stored streamed when
-// `stream`; with more blocks y_i is written, read back and written again:
-// its lines are in cache by the last block, and a streamed store over a
-// cached line forces it out first (on an AVX2 EPYC host, r = 16, causal,
-// N = 2^22: 3.4x slower than plain stores, 2026-11-25).
+// left. Without AVX-512, pairs of column vectors by blocks of 4 rows of M:
+// two chains of 4 dependent FMAs per row instead of one of 8 (r = 16 causal
+// on an AVX2 host, in cache: 1.26x faster), and a row of 16 f32 columns is
+// one 64-byte sweep (fills_lines). When one block covers all of M's rows
+// (r <= 4 without AVX-512; r <= 8 or r == 16 with it) y_i is stored streamed
+// when `stream` and the sweep fills whole lines; with more blocks y_i is
+// written, read back and written again: its lines are in cache by the last
+// block, and a streamed store over a cached line forces it out first (on an
+// AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower than plain stores,
+// 2026-11-25).
 template <int VB, class T, class Start>
 AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   const bool wide = wide_vectors();
-  if (!wide && r > 8)
+  if (!wide)
     for (; c0 + 2 * kW <= D; c0 += 2 * kW)
       for (i64 k0 = 0; k0 < r; k0 += 4) {
-        const bool first = k0 == 0;
+        // one block of M's rows (r <= 4): y_i finished on its first touch
+        const bool first = k0 == 0, st = stream && r <= 4 && fills_lines<T>(D, c0, 2 * kW);
         switch (std::min<i64>(4, r - k0)) {
-          case 4: scan_block<4, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
-          case 3: scan_block<3, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
-          case 2: scan_block<2, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
-          default: scan_block<1, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, false); break;
+          case 4: scan_block<4, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, st); break;
+          case 3: scan_block<3, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, st); break;
+          case 2: scan_block<2, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, st); break;
+          default: scan_block<1, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, st); break;
         }
       }
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
       if (wide && r - k0 >= 16) {  // 16 rows of M in 16 of AVX-512's 32 registers (any width, with VL)
-        scan_block<16, 1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, stream && first && r == 16);
+        scan_block<16, 1, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first,
+                              stream && first && r == 16 && fills_lines<T>(D, c0, kW));
         k0 += 8;
         continue;
       }
-      const bool only = first && r <= 8;  // the block finishes y's rows on their first touch
+      // the block finishes y's rows on their first touch
+      const bool only = first && r <= 8 && fills_lines<T>(D, c0, kW);
       switch (std::min<i64>(8, r - k0)) {
 #define AD_SCAN_CASE(KN)                                                                                        \
   case KN:                                                                                                      \
