@@ -498,47 +498,64 @@ AD_ALWAYS_INLINE void mix_rows(const T* M, T* y, i64 D, i64 r, i64 i0, i64 i1, R
 // registers for the whole run of rows; y_i (those columns) gets the block's
 // terms. `first`: the first block of M's rows (y_i starts from `start`, else
 // from its own values).
-template <int KN, int NC, int VB, class T, class Start>
+// Rows t = 0, 1, ... of a sweep's partial y: p + t * step.
+template <class T> struct SweepRows { T* p; i64 step; };
+// One sweep of scan_block over n rows: row t is global row s + dir * t; its
+// rows of a (M's update), b (y's mix), x and y at base + t * step (stepped
+// pointers once compiled, no index arithmetic per row).
+template <class T> struct ScanWalk {
+  const T *a0, *b0, *x0;
+  i64 as, bs, xs;
+  SweepRows<const T> yin;  // y's partial sums read (after the first block)
+  SweepRows<T> yout;       // and written
+  i64 s, dir, n;
+};
+// The rows of one block; a function per First: the branch on it inside the
+// row loop (the band's start needs registers of its own) made GCC keep m on
+// the stack, spilled and reloaded every row. The first block streams when
+// `stream`; the others when Stream (a branch on a runtime flag there spilled
+// m too; only the buffered sweep's last block streams).
+template <bool First, bool Stream, int KN, int NC, int VB, class T, class Start, class V>
+AD_ALWAYS_INLINE void scan_rows(V (&m)[KN][NC], const ScanWalk<T>& w, const T* y, i64 D, i64 c0, const Start& start,
+                                bool stream) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
+  for (i64 t = 0; t < w.n; ++t) {
+    const T *a = w.a0 + t * w.as, *b = w.b0 + t * w.bs, *xp = w.x0 + t * w.xs, *yi = w.yin.p + t * w.yin.step;
+    T* yp = w.yout.p + t * w.yout.step;
+    V xv[NC];
+    for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
+    for (int q = 0; q < KN; ++q)
+      for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
+    V yv[NC];
+    for (int j = 0; j < NC; ++j) {
+      if constexpr (First) start.vec(yv[j], y, D, w.s + w.dir * t, c0 + j * kW);
+      else std::memcpy(&yv[j], yi + j * kW, sizeof(V));
+    }
+    for (int q = 0; q < KN; ++q)
+      for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
+    for (int j = 0; j < NC; ++j) put(yp + j * kW, yv[j], First ? stream : Stream);
+  }
+}
+// yin / yout: where the block reads y's partial sums (unless `first`) and
+// writes them; nullptr p: y's own rows (the default).
+// Stores streamed: the first block's when `stream`, the others' when
+// LaterStream.
+template <int KN, int NC, int VB, bool LaterStream = false, class T, class Start>
 AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, i64 i0, i64 i1, bool reverse,
-                                 RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool first, bool stream) {
+                                 RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool first, bool stream,
+                                 SweepRows<const T> yin = {nullptr, 0}, SweepRows<T> yout = {nullptr, 0}) {
   typedef T V __attribute__((vector_size(VB)));
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   V m[KN][NC];
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(&m[q][j], M + (k0 + q) * D + c0 + j * kW, sizeof(V));
-  // rows s, s + dir, ...: addresses affine in t (stepped pointers once
-  // compiled), no index arithmetic per row
-  const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, as = dir * arow.stride, bs = dir * brow.stride,
-            xs = dir * D;
-  const T* a0 = arow(s) + k0;
-  const T* b0 = brow(s) + k0;
-  const T* x0 = x + s * D + c0;
-  T* y0 = y + s * D + c0;
-  // one loop per (first, stream): branches on them inside the loop made GCC
-  // keep m on the stack (spilled and reloaded every row)
-  auto rows = [&](auto first_c, auto stream_c) {
-    for (i64 t = 0, n = i1 - i0; t < n; ++t) {
-      const T *a = a0 + t * as, *b = b0 + t * bs, *xp = x0 + t * xs;
-      T* yp = y0 + t * xs;
-      V xv[NC];
-      for (int j = 0; j < NC; ++j) std::memcpy(&xv[j], xp + j * kW, sizeof(V));
-      for (int q = 0; q < KN; ++q)
-        for (int j = 0; j < NC; ++j) m[q][j] += a[q] * xv[j];
-      V yv[NC];
-      for (int j = 0; j < NC; ++j) {
-        if constexpr (decltype(first_c)::value) start.vec(yv[j], y, D, s + dir * t, c0 + j * kW);
-        else std::memcpy(&yv[j], yp + j * kW, sizeof(V));
-      }
-      for (int q = 0; q < KN; ++q)
-        for (int j = 0; j < NC; ++j) yv[j] += b[q] * m[q][j];
-      for (int j = 0; j < NC; ++j) put(yp + j * kW, yv[j], decltype(stream_c)::value);
-    }
-  };
-  using yes = std::true_type;
-  using no = std::false_type;
-  if (!first) rows(no{}, no{});
-  else if (stream) rows(yes{}, yes{});
-  else rows(yes{}, no{});
+  const i64 dir = reverse ? -1 : 1, s = reverse ? i1 - 1 : i0, xs = dir * D;
+  if (!yin.p) yin = {y + s * D + c0, xs};
+  if (!yout.p) yout = {y + s * D + c0, xs};
+  const ScanWalk<T> w{arow(s) + k0, brow(s) + k0, x + s * D + c0, dir * arow.stride, dir * brow.stride, xs,
+                      yin, yout, s, dir, i1 - i0};
+  if (first) scan_rows<true, false, KN, NC, VB>(m, w, y, D, c0, start, stream);
+  else scan_rows<false, LaterStream, KN, NC, VB>(m, w, y, D, c0, start, false);
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
 }
@@ -553,13 +570,47 @@ AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, 
 // block, and a streamed store over a cached line forces it out first (on an
 // AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower than plain stores,
 // 2026-11-25).
+// A pair of column vectors over several blocks of M's rows, y streamed: the
+// blocks before the last keep y's partial sums for a run of up to 64 rows in
+// a buffer on the stack (in L1), the last block reads them and streams y's
+// rows out, so y's lines are never read from memory (no read for
+// ownership). Runs of rows in sweep order; every element gets its terms in
+// the same order as in the unbuffered sweep.
+template <int VB, class T, class Start>
+AD_ALWAYS_INLINE void scan_pair_buffered(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
+                                    RowPtr<T> arow, RowPtr<T> brow, const Start& start) {
+  constexpr i64 kW = VB / static_cast<i64>(sizeof(T)), kRun = 64;
+  alignas(64) T buf[kRun * 2 * kW];
+  for (i64 j = 0, n = i1 - i0; j < n; j += kRun) {
+    const i64 m = std::min(kRun, n - j);
+    const i64 a0 = reverse ? i1 - j - m : i0 + j, a1 = a0 + m;  // the run's rows
+    const SweepRows<const T> in{buf, 2 * kW};
+    const SweepRows<T> out{buf, 2 * kW};
+    i64 k0 = 0;
+    for (; k0 + 4 < r; k0 += 4)  // r > 4: the first block is not the last
+      scan_block<4, 2, VB>(M, x, y, D, c0, k0, a0, a1, reverse, arow, brow, start, k0 == 0, false, in, out);
+    const SweepRows<T> to_y{nullptr, 0};  // the last block: y's rows, streamed
+    switch (r - k0) {
+      case 4: scan_block<4, 2, VB, true>(M, x, y, D, c0, k0, a0, a1, reverse, arow, brow, start, false, false, in, to_y); break;
+      case 3: scan_block<3, 2, VB, true>(M, x, y, D, c0, k0, a0, a1, reverse, arow, brow, start, false, false, in, to_y); break;
+      case 2: scan_block<2, 2, VB, true>(M, x, y, D, c0, k0, a0, a1, reverse, arow, brow, start, false, false, in, to_y); break;
+      default: scan_block<1, 2, VB, true>(M, x, y, D, c0, k0, a0, a1, reverse, arow, brow, start, false, false, in, to_y); break;
+    }
+  }
+}
 template <int VB, class T, class Start>
 AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool stream) {
   constexpr i64 kW = VB / static_cast<i64>(sizeof(T));
   const bool wide = wide_vectors();
-  if (!wide)
-    for (; c0 + 2 * kW <= D; c0 += 2 * kW)
+  // (scan_cols<64> runs only with AVX-512: no pair path compiled for it;
+  // the buffered sweep only for 32-byte vectors, whose pair fills a line)
+  if constexpr (VB != 64) if (!wide)
+    for (; c0 + 2 * kW <= D; c0 += 2 * kW) {
+      if constexpr (VB == 32) if (stream && r > 4 && fills_lines<T>(D, c0, 2 * kW)) {
+        scan_pair_buffered<VB>(M, x, y, D, r, c0, i0, i1, reverse, arow, brow, start);
+        continue;
+      }
       for (i64 k0 = 0; k0 < r; k0 += 4) {
         // one block of M's rows (r <= 4): y_i finished on its first touch
         const bool first = k0 == 0, st = stream && r <= 4 && fills_lines<T>(D, c0, 2 * kW);
@@ -570,6 +621,7 @@ AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64
           default: scan_block<1, 2, VB>(M, x, y, D, c0, k0, i0, i1, reverse, arow, brow, start, first, st); break;
         }
       }
+    }
   for (; c0 + kW <= D; c0 += kW)
     for (i64 k0 = 0; k0 < r; k0 += 8) {
       const bool first = k0 == 0;
