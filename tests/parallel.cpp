@@ -132,3 +132,27 @@ TEST_CASE("parallel: teams still run in a child process after fork()") {
   CHECK(WEXITSTATUS(status) == 0);
   check_team(2);  // and the parent's pool still works
 }
+
+TEST_CASE("parallel: parallel_for_dynamic runs every index once, in threads or alone, and rethrows") {
+  for (double work : {1.0, 1e9}) {  // below the threshold: on the caller alone
+    for (std::int64_t n : {1, 2, 7, 1000}) {
+      CAPTURE(work);
+      CAPTURE(n);
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+      std::atomic<int> other_thread{0};
+      const auto caller = std::this_thread::get_id();
+      ad::parallel::parallel_for_dynamic(n, work, [&](std::int64_t i) {
+        hits[static_cast<std::size_t>(i)].fetch_add(1);
+        if (std::this_thread::get_id() != caller) other_thread.fetch_add(1);
+        if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // unequal tasks
+      });
+      for (auto& h : hits) CHECK(h.load() == 1);
+      if (work < 2.0) CHECK(other_thread.load() == 0);
+    }
+  }
+  CHECK_THROWS_AS(ad::parallel::parallel_for_dynamic(100, 1e9,
+                                                     [](std::int64_t i) {
+                                                       if (i == 57) throw std::runtime_error("task 57");
+                                                     }),
+                  std::runtime_error);
+}

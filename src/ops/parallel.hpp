@@ -4,6 +4,7 @@
 // reduction a kernel does runs in a fixed order, so results are the same
 // bits for any thread count.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <thread>
@@ -68,6 +69,23 @@ template <class F> void parallel_for(std::int64_t n, double work, F&& f) {
   team(static_cast<int>(t), [&](int w) {
     std::int64_t lo = n * w / t, hi = n * (w + 1) / t;
     for (std::int64_t i = lo; i < hi; ++i) f(i);
+  });
+}
+
+// Runs f(i) for i in [0, n) as parallel_for, but each thread takes the next
+// index when it finishes one (tasks of unequal cost; the order in which
+// indices start is i's order).
+template <class F> void parallel_for_dynamic(std::int64_t n, double work, F&& f) {
+  if (n <= 0) return;
+  std::int64_t t = std::min<std::int64_t>(n, max_threads());
+  if (work < 131072.0) t = 1;
+  if (t <= 1) {
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+  team(static_cast<int>(t), [&](int) {
+    for (std::int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
   });
 }
 

@@ -982,14 +982,20 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
   // Causal: groups of G chunks (about 4 MiB of x): chunk sums, exclusive
   // prefix carried across groups (in double, in chunk order: the same values
   // as one global scan), then pass 2 while the group's x is still in cache.
-  // x is read from memory once.
+  // x is read from memory once. The chunk sums of the next group run in the
+  // same loop as this group's pass 2, taken in turn by the threads: the
+  // sums read memory, the scans mostly compute, so they overlap.
   const i64 G = std::max<i64>(1, (i64{4} << 20) / std::max<i64>(1, dm.L * D * static_cast<i64>(sizeof(T))));
   SumsTask<T> sums{dm, x, row_source<T>(v, N, r), S};
   std::vector<double> carry(static_cast<std::size_t>(B * rD), 0.0);
+  auto group_n = [&](i64 g0) { return std::min(nc, g0 + G) - g0; };
+  auto group_rows = [&](i64 g0) { return std::min(N, (g0 + group_n(g0)) * dm.L) - g0 * dm.L; };
+  // t over (b, chunk of the group starting at g0)
+  auto task_id = [&](i64 g0, i64 t) { return (t / group_n(g0)) * nc + g0 + t % group_n(g0); };
+  parallel::parallel_for(B * group_n(0), 2.0 * static_cast<double>(B * group_rows(0) * rD),
+                         [&](i64 t) { run(sums, task_id(0, t)); });
   for (i64 g0 = 0; g0 < nc; g0 += G) {
-    const i64 gn = std::min(nc, g0 + G) - g0, rows = std::min(N, (g0 + gn) * dm.L) - g0 * dm.L;
-    auto task_id = [&](i64 t) { return (t / gn) * nc + g0 + t % gn; };  // t over (b, chunk of the group)
-    parallel::parallel_for(B * gn, 2.0 * static_cast<double>(B * rows * rD), [&](i64 t) { run(sums, task_id(t)); });
+    const i64 gn = group_n(g0), h0 = g0 + G, hn = h0 < nc ? group_n(h0) : 0;
     for (i64 b = 0; b < B; ++b) {
       double* acc = carry.data() + b * rD;
       for (i64 c = g0; c < g0 + gn; ++c) {
@@ -1001,7 +1007,16 @@ void matvec(const Dims& dm, bool causal, const T* x, const T* d, const T* up, co
         }
       }
     }
-    parallel::parallel_for(B * gn, static_cast<double>(B * rows * D * (4 * r + 6)), [&](i64 t) { run(task, task_id(t)); });
+    // B gn scans and B hn sums, interleaved in the order tasks start
+    const i64 ns = B * gn, nm = B * hn, both = std::min(ns, nm);
+    const double work = static_cast<double>(B * group_rows(g0) * D * (4 * r + 6)) +
+                        (hn ? 2.0 * static_cast<double>(B * group_rows(h0) * rD) : 0.0);
+    parallel::parallel_for_dynamic(ns + nm, work, [&](i64 t) {
+      const bool scan = t < 2 * both ? t % 2 == 0 : ns > nm;
+      const i64 k = t < 2 * both ? t / 2 : t - both;
+      if (scan) run(task, task_id(g0, k));
+      else run(sums, task_id(h0, k));
+    });
   }
 }
 
