@@ -387,12 +387,12 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
   const ad::cuda_k::SemisepDims gd{B, N, D, r, dm.L};
   auto gpu_time = [&](const std::function<void()>& f) { return bench::gpu_time_min(reps, f); };
-  // variant 0: the op's kernels; 1: the first tiled kernels (cols: their causal state's columns per thread)
+  // variant 0: the op's kernels; 1: the first tiled kernels
   // upto: 1 the chunk sums only, 2 and their combination, 3 all (stage times by difference)
-  auto matvec = [&](bool causal, int variant = 0, int cols = 0, int upto = 3) {
-    return [&, causal, variant, cols, upto] {
+  auto matvec = [&](bool causal, int variant = 0, int upto = 3) {
+    return [&, causal, variant, upto] {
       ad::cuda_k::semisep_matvec(ad::DType::f32, gd, causal, x.raw(), d.raw(), up.raw(), lo.raw(), u.raw(), v.raw(),
-                                 y.raw(), ws.raw(), variant, cols, upto);
+                                 y.raw(), ws.raw(), variant, upto);
     };
   };
   const double t_copy = gpu_time([&] {
@@ -442,8 +442,8 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   {
     double tf[4] = {0, 0, 0, 0}, tc[4] = {0, 0, 0, 0};
     for (int k = 1; k <= 3; ++k) {
-      tf[k] = gpu_time(matvec(false, 0, 0, k));
-      tc[k] = gpu_time(matvec(true, 0, 0, k));
+      tf[k] = gpu_time(matvec(false, 0, k));
+      tc[k] = gpu_time(matvec(true, 0, k));
     }
     const char* names[4] = {"", "chunk sums (x, v read)", "combine the chunk sums", "rows (full) / scan (causal)"};
     for (int k = 1; k <= 3; ++k)

@@ -151,13 +151,12 @@ struct SemisepDims {
 // (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D).
 // r <= 32 and D <= 256 take the tiled kernels. variant: 0 or 2 the
 // warp-level ones where they apply, 1 the first tiled ones only (see
-// semisep::set_gpu_matvec_variant); scan_cols: columns of the causal state per
-// thread in the first ones (1 or 2; 0: the default); upto (the tiled kernels
-// only): 1 stops after the chunk sums, 2 after combining them, 3 runs all
+// semisep::set_gpu_matvec_variant); upto (the tiled kernels only): 1 stops
+// after the chunk sums, 2 after combining them, 3 runs all
 // (the benchmark times the stages by difference; y is not formed before 3).
 void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
                     const void* lo, const void* u, const void* v, void* y, void* ws, int variant = 0,
-                    int scan_cols = 0, int upto = 3);
+                    int upto = 3);
 // The matvec's gradients for dy; a nullptr output is not formed (dup is 0
 // when causal). sx, sg: two regions of B * chunks * r * D elements each.
 struct MatvecGradPtrs {

@@ -230,7 +230,7 @@ __global__ void band_grads_kernel(const T* x, const T* dy, T* dd, T* dup, T* dlo
 //               columns, W and the block's rows of u in shared memory;
 //   causal scan y_i = lo x_{i-1} + d x_i + u_i . P_i, P_i = P_{i-1} + v_i (x) x_i
 //               from the chunk's exclusive prefix: a thread per chunk and
-//               kScanCols columns holds P (KB x kScanCols registers), the
+//               column holds P (KB registers), the
 //               block's rows of u and v staged in shared memory.
 // Rows of u and v are staged with zeros past r (KB or kp: r rounded up to 4),
 // x with zeros past D (Dp), so the tiles need no bounds inside.
@@ -364,7 +364,6 @@ __global__ void full_rows_kernel(const T* x, const T* d, const T* up, const T* l
   }
 }
 
-constexpr int kScanCols = 1;  // columns of P per thread in the causal scan
 template <class T, int KB, int EC>
 __global__ void causal_scan_kernel(const T* x, const T* d, const T* lo, const T* u, const T* v, const T* S, T* y, i64 B,
                                    i64 N, i64 D, i64 r, i64 L, i64 nc, int CPB, int RB) {
@@ -804,10 +803,10 @@ void causal_scan2_kb(const SemisepDims& dm, const T* x, const T* d, const T* lo,
 
 // The tiled forward: chunk sums, combined (total or exclusive prefix), then
 // the rows. variant 1: the first tiled kernels only; else the warp-level ones
-// where they apply. cols: columns of P per thread in the first causal scan.
+// where they apply.
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
-                  const T* v, T* y, T* S, int variant, int cols, int upto) {
+                  const T* v, T* y, T* S, int variant, int upto) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L, rD = dm.r * dm.D;
   const bool v2 = variant != 1;
   if (v2 && sums2_applies<T>(dm)) chunk_sums2(dm, x, v, S);
@@ -817,7 +816,6 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
   if (upto == 2) return;
   if (causal) {
     if (v2 && dm.D <= 32) causal_scan2_kb<T>(dm, x, d, lo, u, v, S, y);
-    else if (cols == 2) causal_scan_kb<T, 2>(dm, x, d, lo, u, v, S, y);
     else causal_scan_kb<T, 1>(dm, x, d, lo, u, v, S, y);
     return;
   }
@@ -835,11 +833,11 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
 
 template <class T>
 void matvec_t(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
-              const T* v, T* y, T* S, DType dt, int variant, int cols, int upto) {
+              const T* v, T* y, T* S, DType dt, int variant, int upto) {
   const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, L = dm.L, nc = (N + L - 1) / L, rD = r * D;
   if (B * N * D == 0) return;
   if (tiled(dm, sizeof(T))) {
-    matvec_tiled(dm, causal, x, d, up, lo, u, v, y, S, variant, cols, upto);
+    matvec_tiled(dm, causal, x, d, up, lo, u, v, y, S, variant, upto);
     return;
   }
   if (!causal) {
@@ -1163,13 +1161,12 @@ template <class F> void by_type(DType t, F f) {
 }  // namespace
 
 void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
-                    const void* lo, const void* u, const void* v, void* y, void* ws, int variant, int scan_cols,
-                    int upto) {
+                    const void* lo, const void* u, const void* v, void* y, void* ws, int variant, int upto) {
   by_type(t, [&](auto z) {
     using T = decltype(z);
     matvec_t<T>(dm, causal, static_cast<const T*>(x), static_cast<const T*>(d), static_cast<const T*>(up),
                 static_cast<const T*>(lo), static_cast<const T*>(u), static_cast<const T*>(v), static_cast<T*>(y),
-                static_cast<T*>(ws), t, variant, scan_cols > 0 ? scan_cols : kScanCols, upto);
+                static_cast<T*>(ws), t, variant, upto);
   });
 }
 
