@@ -53,6 +53,11 @@ template <class F> void team(int n, F&& f) {
     if (e) std::rethrow_exception(e);
 }
 
+// Threads for a loop of n tasks of `work` flops in all: 1 below ~2^17.
+inline std::int64_t loop_threads(std::int64_t n, double work) {
+  return work < 131072.0 ? 1 : std::min<std::int64_t>(n, max_threads());
+}
+
 // Runs f(i) for i in [0, n), splitting [0, n) into contiguous ranges over up
 // to max_threads() threads. `work` (about the flops of the whole loop)
 // decides whether threads pay: below ~2^17 it runs on the calling thread.
@@ -60,8 +65,7 @@ template <class F> void team(int n, F&& f) {
 // lowest range when several throw).
 template <class F> void parallel_for(std::int64_t n, double work, F&& f) {
   if (n <= 0) return;
-  std::int64_t t = std::min<std::int64_t>(n, max_threads());
-  if (work < 131072.0) t = 1;
+  const std::int64_t t = loop_threads(n, work);
   if (t <= 1) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
@@ -77,8 +81,7 @@ template <class F> void parallel_for(std::int64_t n, double work, F&& f) {
 // indices start is i's order).
 template <class F> void parallel_for_dynamic(std::int64_t n, double work, F&& f) {
   if (n <= 0) return;
-  std::int64_t t = std::min<std::int64_t>(n, max_threads());
-  if (work < 131072.0) t = 1;
+  const std::int64_t t = loop_threads(n, work);
   if (t <= 1) {
     for (std::int64_t i = 0; i < n; ++i) f(i);
     return;
