@@ -559,17 +559,6 @@ AD_ALWAYS_INLINE void scan_block(T* M, const T* x, T* y, i64 D, i64 c0, i64 k0, 
   for (int q = 0; q < KN; ++q)
     for (int j = 0; j < NC; ++j) std::memcpy(M + (k0 + q) * D + c0 + j * kW, &m[q][j], sizeof(V));
 }
-// Column blocks of VB bytes from c0 while they fit; returns the first column
-// left. Without AVX-512, pairs of column vectors by blocks of 4 rows of M:
-// two chains of 4 dependent FMAs per row instead of one of 8 (r = 16 causal
-// on an AVX2 host, in cache: 1.26x faster), and a row of 16 f32 columns is
-// one 64-byte sweep (fills_lines). When one block covers all of M's rows
-// (r <= 4 without AVX-512; r <= 8 or r == 16 with it) y_i is stored streamed
-// when `stream` and the sweep fills whole lines; with more blocks y_i is
-// written, read back and written again: its lines are in cache by the last
-// block, and a streamed store over a cached line forces it out first (on an
-// AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower than plain stores,
-// 2026-11-25).
 // A pair of column vectors over several blocks of M's rows, y streamed: the
 // blocks before the last keep y's partial sums for a run of up to 64 rows in
 // a buffer on the stack (in L1), the last block reads them and streams y's
@@ -598,6 +587,18 @@ AD_ALWAYS_INLINE void scan_pair_buffered(T* M, const T* x, T* y, i64 D, i64 r, i
     }
   }
 }
+// Column blocks of VB bytes from c0 while they fit; returns the first column
+// left. Without AVX-512, pairs of column vectors by blocks of 4 rows of M:
+// two chains of 4 dependent FMAs per row instead of one of 8 (r = 16 causal
+// on an AVX2 host, in cache: 1.26x faster), and a row of 16 f32 columns is
+// one 64-byte sweep (fills_lines). When one block covers all of M's rows
+// (r <= 4 without AVX-512; r <= 8 or r == 16 with it) y_i is stored streamed
+// when `stream` and the sweep fills whole lines. With more blocks y_i is
+// written, read back and written again, never streamed: its lines are in
+// cache by the last block, and a streamed store over a cached line forces it
+// out first (on an AVX2 EPYC host, r = 16, causal, N = 2^22: 3.4x slower
+// than plain stores, 2026-11-25) — except where scan_pair_buffered (above)
+// keeps the partial rows in its buffer instead.
 template <int VB, class T, class Start>
 AD_ALWAYS_INLINE i64 scan_cols(T* M, const T* x, T* y, i64 D, i64 r, i64 c0, i64 i0, i64 i1, bool reverse,
                                RowPtr<T> arow, RowPtr<T> brow, const Start& start, bool stream) {
