@@ -701,6 +701,80 @@ AD_SIMD_CLONES void sweep_scan(float* M, const float* x, float* y, i64 D, i64 r,
   scan_body(M, x, y, D, r, i0, i1, reverse, arow, brow, start, stream);
 }
 
+// The full backward's du and dv rows where r <= 4 (f32, D a multiple of 8),
+// in one sweep: du_i[k] = dy_i . A[k], dv_i[k] = x_i . Bm[k] (A = V^T x,
+// Bm = U^T dy, four rows of D each: zero rows past r), the eight dots of a
+// row reduced together into one 32-byte vector (du_i | dv_i). The mixes
+// they replace ran one sweep each with 16-byte vectors (r = 4; r < 4: one
+// column at a time), a broadcast per multiply-add and a chain of D of them
+// per row: on the AVX2 host the full backward at r = 4 runs 15 % faster in
+// cache, at r = 2 and N = 2^22 2.9x (docs/benchmarks.md). Zero: rows start
+// from zero (else from their values); Stream: streamed stores (r = 4 only:
+// 16-byte rows); R4: r = 4. Template arguments, not tests per row: with the
+// tests in the row loop this sweep ran no faster than the two mixes.
+typedef float F8 __attribute__((vector_size(32)));
+typedef float F4v __attribute__((vector_size(16)));
+// out = (a0 + a1, a2 + a3, b0 + b1, b2 + b3 | the same of lanes 4..7)
+AD_ALWAYS_INLINE void pair_sums(const F8& a, const F8& b, F8& out) {
+  out = __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+template <bool Zero, bool Stream, bool R4>
+AD_ALWAYS_INLINE void du_dv_rows(const float* __restrict A, const float* __restrict Bm, const float* x, const float* dy,
+                                 float* du, float* dv, i64 D, i64 r, i64 n) {
+  for (i64 i = 0; i < n; ++i) {
+    const float *g = dy + i * D, *xi = x + i * D;
+    F8 acc[8] = {};
+    for (i64 c = 0; c < D; c += 8) {
+      F8 gv, xv;
+      std::memcpy(&gv, g + c, 32);
+      std::memcpy(&xv, xi + c, 32);
+      for (int k = 0; k < 4; ++k) {
+        F8 a, b;
+        std::memcpy(&a, A + k * D + c, 32);
+        std::memcpy(&b, Bm + k * D + c, 32);
+        acc[k] += gv * a;
+        acc[4 + k] += xv * b;
+      }
+    }
+    F8 h[4], q0, q1;
+    for (int k = 0; k < 4; ++k) pair_sums(acc[2 * k], acc[2 * k + 1], h[k]);
+    pair_sums(h[0], h[1], q0);
+    pair_sums(h[2], h[3], q1);
+    const F8 t = __builtin_shufflevector(q0, q1, 0, 1, 2, 3, 8, 9, 10, 11) +
+                 __builtin_shufflevector(q0, q1, 4, 5, 6, 7, 12, 13, 14, 15);
+    F4v u = __builtin_shufflevector(t, t, 0, 1, 2, 3), w = __builtin_shufflevector(t, t, 4, 5, 6, 7);
+    if constexpr (R4) {
+      if constexpr (!Zero) {
+        F4v u0, w0;
+        std::memcpy(&u0, du + i * 4, 16);
+        std::memcpy(&w0, dv + i * 4, 16);
+        u = u0 + u;
+        w = w0 + w;
+      }
+      put(du + i * 4, u, Stream);
+      put(dv + i * 4, w, Stream);
+    } else {
+      for (i64 k = 0; k < r; ++k) {
+        du[i * r + k] = Zero ? u[k] : du[i * r + k] + u[k];
+        dv[i * r + k] = Zero ? w[k] : dv[i * r + k] + w[k];
+      }
+    }
+  }
+}
+AD_SIMD_CLONES void sweep_du_dv(const float* A, const float* Bm, const float* x, const float* dy, float* du, float* dv,
+                                i64 D, i64 r, i64 n, bool zero, bool stream) {
+  if (r == 4) {
+    if (zero && stream) du_dv_rows<true, true, true>(A, Bm, x, dy, du, dv, D, r, n);
+    else if (zero) du_dv_rows<true, false, true>(A, Bm, x, dy, du, dv, D, r, n);
+    else if (stream) du_dv_rows<false, true, true>(A, Bm, x, dy, du, dv, D, r, n);
+    else du_dv_rows<false, false, true>(A, Bm, x, dy, du, dv, D, r, n);
+  } else if (zero) {
+    du_dv_rows<true, false, false>(A, Bm, x, dy, du, dv, D, r, n);
+  } else {
+    du_dv_rows<false, false, false>(A, Bm, x, dy, du, dv, D, r, n);
+  }
+}
+
 // S[b, c] = sum_{i in chunk c} v_i (x) x[b, i]   (r x D per chunk), one task per (b, c)
 template <class T> struct SumsTask { const Dims& dm; const T* x; RowSource<T> v; T* S; };
 template <class T> AD_ALWAYS_INLINE void chunk_sums_task(const SumsTask<T>& tk, i64 t) {
@@ -815,7 +889,7 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   if (g.du && !rank) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
   if (g.dv && !rank) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
   const RowPtr<T> urow{Uc, 0, r}, vrow{Vc, 0, r};
-  std::vector<T> M(static_cast<std::size_t>(rD)), Mt(static_cast<std::size_t>(rD));
+  std::vector<T> M(static_cast<std::size_t>(std::max(rD, 8 * D))), Mt(static_cast<std::size_t>(rD));
   auto transpose_into = [&](const T* W) {  // Mt (D x r) = W^T
     for (i64 k = 0; k < r; ++k)
       for (i64 e = 0; e < D; ++e) Mt[static_cast<std::size_t>(e * r + k)] = W[k * D + e];
@@ -869,6 +943,20 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     if (!causal) {  // dx += V (U^T dy), du = dy (V^T x)^T, dv = x (U^T dy)^T
       if (dxb)
         sweep_mix(Wg, dxb, D, r, 0, n, vrow, band, tk.stream_dx);
+      if constexpr (std::is_same_v<T, float>) {
+        if (g.du && g.dv && r <= 4 && D % 8 == 0) {  // A, Bm: Wx, Wg padded to four rows (r < 4)
+          const float *A = Wx, *Bm = Wg;
+          if (r < 4) {
+            std::fill(M.begin(), M.end(), 0.0f);
+            std::copy(Wx, Wx + rD, M.begin());
+            std::copy(Wg, Wg + rD, M.begin() + 4 * D);
+            A = M.data();
+            Bm = M.data() + 4 * D;
+          }
+          sweep_du_dv(A, Bm, xb, gb, g.du + i0 * r, g.dv + i0 * r, D, r, n, acc.zero, tk.stream_uv && last_b);
+          continue;
+        }
+      }
       if (g.du) {
         transpose_into(Wx);
         sweep_mix(Mt.data(), g.du + i0 * r, r, D, 0, n, grow, acc, tk.stream_uv && last_b);
