@@ -391,7 +391,13 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                   {1, 3000, 1, 32, 0, true},    {2, 1100, 3, 40, 0, true},   {2, 1100, 3, 40, 0, false},
                   // r = 28, D = 3, full: in f64 the rows kernel's plan is over 48 KB (tests/gpu_plans.cpp), so
                   // the first tiled kernel runs (added after the last GPU run: not yet run on one)
-                  {1, 1200, 3, 28, 0, false}};
+                  {1, 1200, 3, 28, 0, false},
+                  // the staged kernels (f32, D % 4 == 0): odd r, the widest D and r they take, fewer rows than
+                  // one tile
+                  {2, 1777, 12, 5, 0, false},   {2, 1777, 12, 5, 0, true},  {1, 1030, 64, 32, 0, false},
+                  {1, 1030, 64, 32, 0, true},   {1, 70, 4, 1, 0, false},    {1, 70, 4, 1, 0, true},
+                  // the one-pass causal kernel (D a power of two from 8): odd r, D = 8 and 32, many chunks
+                  {2, 5000, 8, 7, 0, true},     {1, 3000, 32, 3, 0, true},  {1, 9000, 16, 22, 0, true}};
   for (const M& m : ms) {
     const bool causal = m.causal;
     const std::int64_t chunk = m.chunk;
@@ -420,12 +426,13 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                    {randn64({3000}, rng, 2.5), randn64({2999}, rng, 0, 0.7), randn64({2999}, rng, 0, 0.7),
                     uniform64({4, 2}, rng, -0.5, 0.5)},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
-  // the matvec's forward on the GPU has two sets of kernels (semisep::set_gpu_matvec_variant): both run
-  for (int variant : {0, 1}) {
+  // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
+  // default, the first tiled, the warp-level, the staged ones, and those with bulk copies): all run
+  for (int variant : {0, 1, 2, 3, 4}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];
-      if (variant == 1 && c.op != OpId::semiseparable_matvec) continue;
+      if (variant != 0 && c.op != OpId::semiseparable_matvec) continue;
       for (DType t : {DType::f64, DType::f32}) {
         INFO(fmt::format("{} {} {} (GPU matvec kernels {})", op_name(c.op), c.label, dtype_name(t), variant));
         check_gpu_matches_cpu(c, t, 700 + k);

@@ -123,3 +123,49 @@ TEST_CASE("gpu plans: the semiseparable scan and rows fit their shared memory") 
   CHECK(sp::rows(22, 16, 4).fits);
   CHECK(sp::sums_tiles(22, 16) == 24);
 }
+
+// The staged kernels (f32): every (r, D) they take fits its shared memory, the
+// spans they copy 16 bytes at a time start 16-byte aligned in shared memory,
+// and the one-pass causal scan's workspace stays within a quarter of x.
+TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies aligned") {
+  namespace sp = cuda_k::semisep_plan;
+  int scan_fits = 0;
+  for (std::int64_t r = 1; r <= 64; ++r)
+    for (std::int64_t D = 4; D <= 64; D += 4) {
+      CAPTURE(r);
+      CAPTURE(D);
+      REQUIRE(sp::staged_applies(r, D, 4));
+      const sp::StagedSums s = sp::staged_sums(r, D);
+      CHECK(s.smem_bytes <= sp::kStagedSmem);
+      CHECK((s.ntiles <= s.tpg && s.tpg % 16 == 0 && s.G * s.tpg == 256));
+      CHECK(s.TE == 4);
+      CHECK(s.ne * s.TE == D);
+      CHECK(s.stage % 4 == 0);
+      CHECK(s.stage >= s.R * D + r * s.R + 3);    // the last tile reads up to 3 past r
+      CHECK(s.smem_bytes >= 256 * 4 * s.TE * 4);  // the groups' partials
+      const sp::StagedRows w = sp::staged_rows(r, D);
+      CHECK(w.smem_bytes <= sp::kStagedSmem);
+      CHECK((w.R % 8 == 0 && w.R >= 8 && w.R / 2 <= 256 / (D / 4)));
+      CHECK(w.stage % 4 == 0);
+      CHECK(w.stage >= (w.R + 2) * D + w.R * r + 3 * w.R + 4);  // lo from t0 - 4
+      const sp::StagedScan c = sp::staged_scan(r, D);
+      if (!c.fits) continue;
+      ++scan_fits;
+      CHECK((D == 8 || D == 16 || D == 32 || D == 64));
+      CHECK(c.smem_bytes <= sp::kScanSmem);
+      CHECK((c.H * c.Dh == 256 && c.HW * c.Dh == 32 && c.Lg == c.H * c.SR && c.SR % c.RS == 0));
+      for (int o : {c.ox, c.ov, c.od, c.olo, c.ou, c.owt, c.oE}) CHECK(o % 4 == 0);
+      CHECK(c.ov - c.ox >= c.Lg * D);
+      CHECK(c.od - c.ov >= c.Lg * r + 3);
+      CHECK(c.ou + 3 * c.H * c.slab_piece <= c.owt);
+      CHECK(c.slab_piece >= c.RS * r + 3);
+      CHECK(c.smem_bytes >= (c.oE + 2 * r * D) * 4);
+      CHECK(r * D <= 1024);  // four elements of the chunk's sum per thread
+      const std::int64_t N = std::int64_t{1} << 22;
+      const std::int64_t nc = (N + c.Lg - 1) / c.Lg;  // x of nc whole chunks is 4 nc Lg D bytes
+      CHECK(sp::staged_scan_ws_bytes(1, N, D, r) <= nc * c.Lg * D + (nc + 2) * 4 + 16);  // and the flags
+    }
+  CHECK(scan_fits > 20);
+  CHECK(sp::staged_scan(22, 16).fits);  // the size
+  CHECK(!sp::staged_scan(22, 12).fits);  // D not a power of two: the two-pass kernels
+}

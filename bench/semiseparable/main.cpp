@@ -18,7 +18,7 @@
 //      GPU" line and exits 0 where there is none (or the build has no CUDA).
 //
 //   bench_semiseparable [--json] [--r R] [--d D] [--b B] [--min-log2 a]
-//                       [--max-log2 b] [--dense-max N] [--reps k] [--sweeps s] [--accuracy] [--gpu]
+//                       [--max-log2 b] [--dense-max N] [--reps k] [--sweeps s] [--accuracy] [--gpu] [--gpu-profile]
 //
 // Each cell is the minimum over `reps` interleaved rounds; --sweeps s runs the
 // whole N range s times and keeps each cell's minimum (a shared host's load
@@ -46,6 +46,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/launch.hpp"
+#include "cuda/semisep_plan.hpp"
 #endif
 
 namespace {
@@ -140,6 +141,7 @@ int main(int argc, char** argv) {
     if (a == "--json") json = true;
     else if (a == "--accuracy") accuracy = true;
     else if (a == "--gpu") gpu = true;
+    else if (a == "--gpu-profile") gpu = true, reps = -1;  // each kernel set once, for a profiler
     else if (a == "--r") { r = next(); r_given = true; }
     else if (a == "--d") D = next();
     else if (a == "--b") B = next();
@@ -383,7 +385,10 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   ad::Tensor u = on_gpu(N * r, 1.0 / std::sqrt(static_cast<double>(r))),
              v = on_gpu(N * r, 1.0 / std::sqrt(static_cast<double>(N)));
   ad::semisep::Dims dm = ad::semisep::make_dims(B, N, D, r, 0);
-  const i64 ws_elems = (static_cast<i64>(ad::semisep::matvec_ws_bytes(dm, sizeof(float))) + 3) / 4;
+  const i64 ws_elems = (std::max(static_cast<i64>(ad::semisep::matvec_ws_bytes(dm, sizeof(float))),
+                                 ad::cuda_k::semisep_plan::staged_scan_ws_bytes(B, N, D, r)) +
+                        3) /
+                       4;
   ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
   const ad::cuda_k::SemisepDims gd{B, N, D, r, dm.L};
   auto gpu_time = [&](const std::function<void()>& f) { return bench::gpu_time_min(reps, f); };
@@ -395,18 +400,33 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
                                  y.raw(), ws.raw(), variant, upto);
     };
   };
+  if (reps < 0) {  // --gpu-profile: the warp-level and staged kernels once each, full and causal
+    for (int vi : {2, 3, 4})
+      for (bool causal : {false, true}) matvec(causal, vi)();
+    ad::cuda::synchronize();
+    std::printf("bench_semiseparable --gpu-profile: ran the warp-level and staged kernels once each\n");
+    return 0;
+  }
   const double t_copy = gpu_time([&] {
     if (cudaMemcpy(y.raw(), x.raw(), static_cast<std::size_t>(nx) * sizeof(float), cudaMemcpyDeviceToDevice) !=
         cudaSuccess)
       throw ad::Error("bench_semiseparable: cudaMemcpy failed");
   });
-  const double t_full = gpu_time(matvec(false)), t_causal = gpu_time(matvec(true)),
-               t_full1 = gpu_time(matvec(false, 1)), t_causal1 = gpu_time(matvec(true, 1)),
-               t_copy2 = gpu_time([&] {
-                 if (cudaMemcpy(y.raw(), x.raw(), static_cast<std::size_t>(nx) * sizeof(float),
-                                cudaMemcpyDeviceToDevice) != cudaSuccess)
-                   throw ad::Error("bench_semiseparable: cudaMemcpy failed");
-               });
+  // variants: 0 the op's default, 1 the first tiled kernels, 2 the warp-level ones, 3 the staged ones,
+  // 4 the staged ones with bulk copies
+  constexpr int kV = 5;
+  const char* vname[kV] = {"", ", first tiled kernels", ", warp-level kernels", ", staged kernels",
+                           ", staged kernels, bulk copies"};
+  double t_full[kV], t_causal[kV];
+  for (int vi = 0; vi < kV; ++vi) {
+    t_full[vi] = gpu_time(matvec(false, vi));
+    t_causal[vi] = gpu_time(matvec(true, vi));
+  }
+  const double t_copy2 = gpu_time([&] {
+    if (cudaMemcpy(y.raw(), x.raw(), static_cast<std::size_t>(nx) * sizeof(float), cudaMemcpyDeviceToDevice) !=
+        cudaSuccess)
+      throw ad::Error("bench_semiseparable: cudaMemcpy failed");
+  });
   // Correct first: each variant's y (poisoned with NaN before the call) against the CPU kernel's y in f64
   // terms (largest |difference| over largest |y|), every element written.
   auto host = [](const ad::Tensor& t) { return t.to(ad::Device::cpu()).to_vector(); };
@@ -432,22 +452,25 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
     std::printf("check %s: max |GPU - CPU| / max |y| = %.2e, NaN (unwritten) elements %lld\n", name, worst / scale,
                 static_cast<long long>(unwritten));
   };
-  check("matvec (full)", false, 0);
-  check("matvec (causal)", true, 0);
-  check("matvec (full), first tiled kernels", false, 1);
-  check("matvec (causal), first tiled kernels", true, 1);
+  for (int vi = 0; vi < kV; ++vi) {
+    check(("matvec (full)" + std::string(vname[vi])).c_str(), false, vi);
+    check(("matvec (causal)" + std::string(vname[vi])).c_str(), true, vi);
+  }
   std::printf("\n");
   // stage times of the op's kernels, by difference
   std::printf("| stage (op's kernels) | full ms | causal ms |\n|---|---|---|\n");
   {
     double tf[4] = {0, 0, 0, 0}, tc[4] = {0, 0, 0, 0};
-    for (int k = 1; k <= 3; ++k) {
-      tf[k] = gpu_time(matvec(false, 0, k));
-      tc[k] = gpu_time(matvec(true, 0, k));
+    for (int vi : {2, 3, 4}) {
+      for (int k = 1; k <= 3; ++k) {
+        tf[k] = gpu_time(matvec(false, vi, k));
+        tc[k] = gpu_time(matvec(true, vi, k));
+      }
+      const char* names[4] = {"", "chunk sums (x, v read)", "combine the chunk sums", "rows (full) / scan (causal)"};
+      for (int k = 1; k <= 3; ++k)
+        std::printf("| %s%s | %.3f | %.3f |\n", names[k], vname[vi], (tf[k] - tf[k - 1]) * 1e3,
+                    (tc[k] - tc[k - 1]) * 1e3);
     }
-    const char* names[4] = {"", "chunk sums (x, v read)", "combine the chunk sums", "rows (full) / scan (causal)"};
-    for (int k = 1; k <= 3; ++k)
-      std::printf("| %s | %.3f | %.3f |\n", names[k], (tf[k] - tf[k - 1]) * 1e3, (tc[k] - tc[k - 1]) * 1e3);
     std::printf("\n");
   }
   // the bytes the op must move at least: x read, y written, T, U, V read
@@ -459,10 +482,12 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   std::printf("| device-to-device copy of x | %.3f | %.1f | 1.00 |\n", t_copy * 1e3, copy_bytes / t_copy / 1e9);
   std::printf("| the same copy again, after the products | %.3f | %.1f | %.2f |\n", t_copy2 * 1e3,
               copy_bytes / t_copy2 / 1e9, t_copy / t_copy2);
-  for (auto [name, t] : {std::pair<const char*, double>{"matvec (full)", t_full}, {"matvec (causal)", t_causal},
-                         {"matvec (full), first tiled kernels", t_full1},
-                         {"matvec (causal), first tiled kernels", t_causal1}})
-    std::printf("| %s | %.3f | %.1f | %.2f |\n", name, t * 1e3, bytes / t / 1e9, (bytes / t) / (copy_bytes / t_copy));
+  for (int causal = 0; causal < 2; ++causal)
+    for (int vi = 0; vi < kV; ++vi) {
+      const double t = causal ? t_causal[vi] : t_full[vi];
+      std::printf("| matvec (%s)%s | %.3f | %.1f | %.2f |\n", causal ? "causal" : "full", vname[vi], t * 1e3,
+                  bytes / t / 1e9, (bytes / t) / (copy_bytes / t_copy));
+    }
   return 0;
 #else
   (void)N, (void)r, (void)D, (void)B, (void)reps;

@@ -60,4 +60,120 @@ inline Rows rows(std::int64_t r, std::int64_t D, int es) {
 // takes at most 32 tiles.
 inline int sums_tiles(std::int64_t r, std::int64_t D) { return (round4(r) / 4) * (round4(D) / 4); }
 
+
+// Staged kernels (third generation: f32, D a multiple of 4 up to 64, r up to
+// 64): blocks of 256 threads copy contiguous spans of rows to shared memory
+// with cp.async, ST tiles in flight per block, so the bytes in flight do not
+// depend on registers; the arithmetic reads shared memory only.
+inline bool staged_applies(std::int64_t r, std::int64_t D, int es) {
+  return es == 4 && D >= 4 && D <= 64 && D % 4 == 0 && r >= 1 && r <= 64;
+}
+constexpr std::int64_t kStagedSmem = 96 * 1024;  // at most 2 blocks per multiprocessor below this
+constexpr int kSumsStages = 4, kRowsStages = 3;
+
+// Chunk sums: a tile of R rows is x (R x D) then v (R x r, rounded up to 4,
+// plus 4 elements that the last tile reads past r). Threads form G groups of
+// tpg (lane = a 4 x TE tile of the r x D sum, ntiles of them); group g takes
+// rows g, g + G, ...; the groups' partials are added in
+// order through the same shared memory at the end of the chunk (256 * 4 * TE
+// elements).
+struct StagedSums {
+  int R, ST, stage, TE, ne, ntiles, tpg, G;
+  std::int64_t smem_bytes;
+};
+inline StagedSums staged_sums(std::int64_t r, std::int64_t D) {
+  StagedSums p{};
+  p.ST = kSumsStages;
+  p.TE = 4;  // 4 x 8 tiles (79 registers) ran slower on an H200: 0.241 against 0.208 ms
+  p.ne = static_cast<int>(D / p.TE);
+  p.ntiles = (round4(r) / 4) * p.ne;
+  p.tpg = 16;
+  while (p.tpg < p.ntiles) p.tpg *= 2;
+  p.G = 256 / p.tpg;
+  auto stage = [&](int R) { return static_cast<int>(R * D) + round4(R * r) + 4; };
+  p.R = 64;
+  while (p.R > 8 && static_cast<std::int64_t>(p.ST) * stage(p.R) * 4 > kStagedSmem / 2) p.R /= 2;
+  p.stage = stage(p.R);
+  p.smem_bytes = std::max<std::int64_t>(static_cast<std::int64_t>(p.ST) * p.stage, 256 * 4 * p.TE) * 4;
+  return p;
+}
+
+// Full rows: thread = (row pair p, 4 columns): rows p and p + R / 2 of a tile
+// of R rows (a multiple of 8: a tile's first row times r is a multiple of 4,
+// so u's span is 16-byte aligned). A stage holds x rows [t0 - 1, t0 + R + 1)
+// ((R + 2) x D), u (R x r rounded up to 4), d and up (R each) and lo (R + 4:
+// from row t0 - 4, 16-byte aligned); W (r x D) follows the ST stages.
+struct StagedRows {
+  int R, ST, stage;
+  std::int64_t smem_bytes;
+};
+inline StagedRows staged_rows(std::int64_t r, std::int64_t D) {
+  StagedRows p{};
+  p.ST = kRowsStages;
+  auto stage = [&](int R) { return static_cast<int>((R + 2) * D) + round4(R * r) + 3 * R + 4; };
+  auto bytes = [&](int R) { return (static_cast<std::int64_t>(p.ST) * stage(R) + r * D) * 4; };
+  p.R = 2 * static_cast<int>(256 / (D / 4)) / 8 * 8;
+  while (p.R > 8 && bytes(p.R) > kStagedSmem) p.R -= 8;
+  p.stage = stage(p.R);
+  p.smem_bytes = bytes(p.R);
+  return p;
+}
+
+// Causal product in one pass over memory (staged; D in {8, 16, 32, 64}, r <=
+// 32): a block takes a chunk of Lg = H * SR rows in order of a counter;
+// thread = (sub-chunk h, 2 columns), H = 256 / (D / 2) sub-chunks of SR rows,
+// HW = 32 / (D / 2) of them per warp. The chunk's x and v (and d, lo) stay in
+// shared memory from the first phase (sub-chunk sums) to the second (the
+// scan), so they are read from memory once; u comes in slabs of RS rows of
+// every sub-chunk, 3 in flight. Between the phases the chunk publishes its sum
+// and finds its exclusive prefix by a decoupled look-back over the chunks
+// before it (flags and per-chunk sums in f64 in the workspace).
+struct StagedScan {
+  int Dh, H, HW, KB, SR, RS, Lg, nslab, slab_piece;
+  int ox, ov, od, olo, ou, owt, oE;  // float offsets in shared memory (oE: doubles start there)
+  std::int64_t smem_bytes;
+  bool fits;  // shared memory within kScanSmem, workspace at most x's size / 4, r D <= 1024
+};
+constexpr std::int64_t kScanSmem = 110 * 1024;  // two blocks per multiprocessor (228 KB each)
+inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
+  StagedScan p{};
+  if (!(D == 8 || D == 16 || D == 32 || D == 64) || r < 1 || r > 32) return p;
+  p.Dh = static_cast<int>(D / 2);
+  p.H = 256 / p.Dh;
+  p.HW = 32 / p.Dh;
+  p.KB = round4(r);
+  p.RS = 2;
+  p.slab_piece = round4(p.RS * r) + 4;  // rows of u of one sub-chunk, plus 4 read past r
+  auto layout = [&](int SR) {
+    const int Lg = p.H * SR;
+    int o = 0;
+    p.ox = o, o += Lg * static_cast<int>(D);
+    p.ov = o, o += round4(static_cast<std::int64_t>(Lg) * r) + 4;
+    p.od = o, o += round4(Lg);
+    p.olo = o, o += round4(Lg);
+    p.ou = o, o += 3 * p.H * p.slab_piece;
+    p.owt = o, o += 8 * static_cast<int>(r * D);
+    o = (o + 3) / 4 * 4;
+    p.oE = o, o += 2 * static_cast<int>(r * D);
+    return static_cast<std::int64_t>(o) * 4;
+  };
+  int SR = 32;
+  while (SR > p.RS && layout(SR) > kScanSmem) SR -= p.RS;
+  p.smem_bytes = layout(SR);
+  p.SR = SR;
+  p.Lg = p.H * SR;
+  p.nslab = SR / p.RS;
+  // the workspace (2 r D doubles a chunk) at most a quarter of x (Lg D floats a chunk): Lg >= 16 r
+  p.fits = p.smem_bytes <= kScanSmem && p.Lg >= 16 * r && r * D <= 1024;
+  return p;
+}
+// Its workspace: B * chunks flags (int) and a counter, then each chunk's sum
+// and inclusive prefix (r x D doubles each).
+inline std::int64_t staged_scan_ws_bytes(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r) {
+  const StagedScan p = staged_scan(r, D);
+  if (!p.fits) return 0;
+  const std::int64_t nc = (N + p.Lg - 1) / p.Lg;
+  return (B * nc + 1 + 3) / 4 * 16 + 2 * B * nc * r * D * 8;
+}
+
 }  // namespace ad::cuda_k::semisep_plan

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
 #include "core/device.hpp"
@@ -801,16 +802,711 @@ void causal_scan2_kb(const SemisepDims& dm, const T* x, const T* d, const T* lo,
   else causal_scan2<T, 32>(dm, x, d, lo, u, v, S, y);
 }
 
+// ---- the forward product, third generation (staged; f32, D % 4 == 0) ----
+// The warp-level kernels above reached half the copy rate in both stages
+// (H200, N = 2^22, r = 22, D = 16: sums 1.94 TB/s, rows 1.97 TB/s): each warp
+// held a few rows' loads in registers, and registers capped the bytes in
+// flight. These copy contiguous spans of rows (x, v, u, d, up, lo: each tile
+// of rows is one span per array) to shared memory with cp.async, 16 bytes a
+// piece where both ends are 16-byte aligned, ST tiles in flight per block,
+// and read only shared memory in the arithmetic (plans in semisep_plan.hpp).
+
+// cnt elements g[0, cnt) -> s[0, cnt), spread over the block's threads (the
+// caller commits the group)
+__device__ inline void stage_span(float* s, const float* g, int cnt) {
+  const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  int q0 = 0;
+  if (((reinterpret_cast<std::uintptr_t>(s) | reinterpret_cast<std::uintptr_t>(g)) & 15) == 0) {
+    const int nv = cnt / 4;
+    for (int q = t; q < nv; q += nt) __pipeline_memcpy_async(s + 4 * q, g + 4 * q, 16);
+    q0 = 4 * nv;
+  }
+  for (int q = q0 + t; q < cnt; q += nt) __pipeline_memcpy_async(s + q, g + q, 4);
+}
+
+// Bulk copies (sm_90): one thread moves a whole span, 16-byte aligned at both
+// ends and a multiple of 16 bytes long, and the copy engine counts the bytes
+// in on an mbarrier that the block waits on. Elsewhere (sm_80) the launchers
+// never ask for them, and these compile to nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AD_SEMISEP_BULK 1
+#else
+#define AD_SEMISEP_BULK 0
+#endif
+#if AD_SEMISEP_BULK
+__device__ inline std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+__device__ inline void mbar_init(std::uint64_t* b) {
+#if AD_SEMISEP_BULK
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(b)) : "memory");
+#else
+  (void)b;
+#endif
+}
+__device__ inline void mbar_init_fence() {
+#if AD_SEMISEP_BULK
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// the issuing thread: the stage's reads are done (a barrier before), the bytes to expect, then the copies
+__device__ inline void mbar_expect(std::uint64_t* b, std::uint32_t bytes) {
+#if AD_SEMISEP_BULK
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+#else
+  (void)b, (void)bytes;
+#endif
+}
+__device__ inline void bulk_copy(float* dst, const float* src, std::uint32_t bytes, std::uint64_t* b) {
+#if AD_SEMISEP_BULK
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(b))
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)b;
+#endif
+}
+__device__ inline void mbar_wait(std::uint64_t* b, std::uint32_t parity) {
+#if AD_SEMISEP_BULK
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+#else
+  (void)b, (void)parity;
+#endif
+}
+
+// Chunk sums S_c = sum_{i in c} v_i (x) x_i: a block per chunk; lane = a 4 x TE
+// tile of S in one of G groups, group g taking rows g, g + G, ... of each tile.
+// kBulk: whole tiles by bulk copy (the chunk's last tile, if short, by cp.async).
+template <bool kV2, bool kBulk, int ST, int TE>
+__global__ void __launch_bounds__(256) chunk_sums3_kernel(const float* x, const float* v, float* S, i64 N, int D, int r,
+                                                          i64 L, i64 nc, int R, int stage, int ne, int ntiles, int tpg,
+                                                          int G) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) std::uint64_t bar[ST];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  const int t = static_cast<int>(threadIdx.x), g = t / tpg, tl = t % tpg;
+  const bool on = tl < ntiles;
+  const int k0 = on ? 4 * (tl / ne) : 0, e0 = on ? TE * (tl % ne) : 0;
+  const i64 bc = blockIdx.x, b = bc / nc, i0 = (bc % nc) * L;
+  const int n = static_cast<int>(i0 + L < N ? L : N - i0), ntl = (n + R - 1) / R;
+  const float* const xc = x + (b * N + i0) * D;
+  const float* const vc = v + i0 * r;
+  if constexpr (kBulk) {
+    if (t == 0) {
+      for (int q = 0; q < ST; ++q) mbar_init(&bar[q]);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
+  // whole tiles go in bulk when their v span is 16-byte aligned and long (x's always is: D % 4 == 0)
+  auto bulk = [&](int tt) { return kBulk && (tt + 1) * R <= n && ((i0 + tt * R) * r) % 4 == 0 && ((R * r) & 3) == 0; };
+  auto issue = [&](int tt) {
+    float* st = sm + (tt % ST) * stage;
+    const int m = min(R, n - tt * R);
+    if (bulk(tt)) {
+      if (t == 0) {
+        mbar_expect(&bar[tt % ST], static_cast<std::uint32_t>(m * (D + r) * 4));
+        bulk_copy(st, xc + tt * R * D, static_cast<std::uint32_t>(m * D * 4), &bar[tt % ST]);
+        bulk_copy(st + R * D, vc + tt * R * r, static_cast<std::uint32_t>(m * r * 4), &bar[tt % ST]);
+      }
+    } else {
+      stage_span(st, xc + tt * R * D, m * D);
+      stage_span(st + R * D, vc + tt * R * r, m * r);
+    }
+  };
+  for (int tt = 0; tt < ST - 1; ++tt) {
+    if (tt < ntl) issue(tt);
+    __pipeline_commit();
+  }
+  float acc[4][TE] = {};
+  for (int tt = 0; tt < ntl; ++tt) {
+    __pipeline_wait_prior(ST - 2);  // tile tt's copies (this thread's) are done
+    if (bulk(tt)) mbar_wait(&bar[tt % ST], (tt / ST) & 1);  // a stage's uses before tt were all bulk
+    __syncthreads();  // every thread's copies are in, and tile tt - 1 is no longer read
+    if (tt + ST - 1 < ntl) issue(tt + ST - 1);
+    __pipeline_commit();
+    const float* st = sm + (tt % ST) * stage;
+    const int m = min(R, n - tt * R);
+    if (on) {
+      const float* xs = st + e0;
+      const float* vs = st + R * D + k0;
+#pragma unroll 4
+      for (int j = g; j < m; j += G) {
+        float xx[TE];
+#pragma unroll
+        for (int q = 0; q < TE; q += 4) {
+          const Four<float> f = ld4(xs + j * D + q);
+          xx[q] = f.a[0], xx[q + 1] = f.a[1], xx[q + 2] = f.a[2], xx[q + 3] = f.a[3];
+        }
+        float vv[4];
+        if constexpr (kV2) {
+          const float2 a = *reinterpret_cast<const float2*>(vs + j * r), c = *reinterpret_cast<const float2*>(vs + j * r + 2);
+          vv[0] = a.x, vv[1] = a.y, vv[2] = c.x, vv[3] = c.y;
+        } else {
+#pragma unroll
+          for (int a = 0; a < 4; ++a) vv[a] = vs[j * r + a];
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int q = 0; q < TE; ++q) acc[a][q] += vv[a] * xx[q];
+      }
+    }
+  }
+  __pipeline_wait_prior(0);
+  __syncthreads();  // the stages are free: the groups' partials go there
+  constexpr int TS = 4 * TE;  // elements of a lane's tile
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int q = 0; q < TE; ++q) sm[(g * tpg + tl) * TS + a * TE + q] = acc[a][q];
+  __syncthreads();
+  for (int o = t; o < ntiles * TS; o += static_cast<int>(blockDim.x)) {
+    const int tile = o / TS, aq = o % TS, k = (tile / ne) * 4 + aq / TE, e = (tile % ne) * TE + aq % TE;
+    float sum = sm[o];
+    for (int gg = 1; gg < G; ++gg) sum += sm[gg * tpg * TS + o];
+    if (k < r) S[(bc * r + k) * D + e] = sum;
+  }
+}
+
+// Full rows y_i = d_i x_i + lo_{i-1} x_{i-1} + up_i x_{i+1} + u_i . W, W = V^T x
+// (slot 0 of b's chunk sums, combined): persistent blocks walk tiles of R rows,
+// last tiles first (the chunk sums read them last); thread = (row pair p,
+// column quad q) takes rows p and p + R / 2. A stage: x rows [t0 - 1, t0 + R
+// + 1), u, d, up, and lo from t0 - 4 (16-byte aligned; from 0 when t0 = 0), so
+// that every span but the last tile's goes in bulk (kBulk).
+template <bool kV2, bool kBulk, int ST>
+__global__ void __launch_bounds__(256) full_rows3_kernel(const float* x, const float* d, const float* up,
+                                                         const float* lo, const float* u, const float* S, float* y,
+                                                         i64 B, i64 N, int D, int r, i64 nc, int R, int stage) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) std::uint64_t bar[ST];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  float* const W = sm + ST * stage;  // r x D
+  const int t = static_cast<int>(threadIdx.x), Dq = D / 4, q = t % Dq, p = t / Dq;
+  const int e0 = 4 * q, half = R / 2;
+  const bool on = p < half;
+  const int ox = 0, ou = (R + 2) * D, od = ou + (R * r + 3) / 4 * 4, oup = od + R, olo = oup + R;
+  // tiles counted in 32 bits (the launcher checks B * tiles < 2^31): a 64-bit division per tile cost
+  // more instructions than the tile's arithmetic
+  const int tiles = static_cast<int>((N + R - 1) / R), total = static_cast<int>(B) * tiles;
+  // the block's k-th tile: tiles from the last
+  auto tile_of = [&](int k) { return total - 1 - (static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x)); };
+  const int mine = total > static_cast<int>(blockIdx.x)
+                       ? (total - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
+                       : 0;
+  if constexpr (kBulk) {
+    if (t == 0) {
+      for (int s = 0; s < ST; ++s) mbar_init(&bar[s]);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
+  // a tile goes in bulk unless it is a batch's last (short, or with up and lo one short)
+  auto bulk = [&](i64 t0) { return kBulk && t0 + R < N; };
+  auto issue = [&](int k) {
+    float* st = sm + (k % ST) * stage;
+    const int tt = tile_of(k);
+    const i64 b = tt / tiles, t0 = static_cast<i64>(tt % tiles) * R;
+    const int m = static_cast<int>(N - t0 < R ? N - t0 : R);
+    const i64 xa = t0 > 0 ? t0 - 1 : 0, xb = (t0 + m + 1 < N ? t0 + m + 1 : N);
+    const i64 la = t0 > 0 ? t0 - 4 : 0;  // lo_{i-1} at olo + (i - 1 - la)
+    if (bulk(t0)) {
+      if (t == 0) {
+        const int nx = static_cast<int>(xb - xa) * D, nl = static_cast<int>(t0 + m - la);
+        std::uint64_t* br = &bar[k % ST];
+        mbar_expect(br, static_cast<std::uint32_t>((nx + m * r + 2 * m + nl) * 4));
+        bulk_copy(st + ox + (xa - t0 + 1) * D, x + (b * N + xa) * D, static_cast<std::uint32_t>(nx * 4), br);
+        bulk_copy(st + ou, u + t0 * r, static_cast<std::uint32_t>(m * r * 4), br);
+        bulk_copy(st + od, d + t0, static_cast<std::uint32_t>(m * 4), br);
+        bulk_copy(st + oup, up + t0, static_cast<std::uint32_t>(m * 4), br);
+        bulk_copy(st + olo, lo + la, static_cast<std::uint32_t>(nl * 4), br);
+      }
+    } else {
+      stage_span(st + ox + (xa - t0 + 1) * D, x + (b * N + xa) * D, static_cast<int>(xb - xa) * D);
+      stage_span(st + ou, u + t0 * r, m * r);
+      stage_span(st + od, d + t0, m);
+      stage_span(st + oup, up + t0, t0 + m < N ? m : m - 1);  // up has N - 1 elements
+      stage_span(st + olo, lo + la, static_cast<int>(t0 + m - 1 - la));
+    }
+  };
+  for (int k = 0; k < ST - 1; ++k) {
+    if (k < mine) issue(k);
+    __pipeline_commit();
+  }
+  std::uint32_t phase = 0;  // bit s: the parity stage s's next bulk fill completes
+  i64 wb = -1;
+  for (int k = 0; k < mine; ++k) {
+    const int tt = tile_of(k);
+    const i64 b = tt / tiles, t0 = static_cast<i64>(tt % tiles) * R;
+    const int m = static_cast<int>(N - t0 < R ? N - t0 : R), s = k % ST;
+    __pipeline_wait_prior(ST - 2);
+    if (bulk(t0)) {
+      mbar_wait(&bar[s], (phase >> s) & 1u);
+      phase ^= 1u << s;
+    }
+    __syncthreads();
+    if (k + ST - 1 < mine) issue(k + ST - 1);
+    __pipeline_commit();
+    if (b != wb) {  // uniform over the block
+      for (int e = t; e < r * D; e += static_cast<int>(blockDim.x)) W[e] = S[b * nc * r * D + e];
+      __syncthreads();
+      wb = b;
+    }
+    if (!on) continue;
+    const float* st = sm + s * stage;
+    const int j0 = p, j1 = p + half, lofs = t0 > 0 ? 3 : -1;
+    const bool h0 = j0 < m, h1 = j1 < m;
+    float a0[4] = {}, a1[4] = {};
+    if (h0) {
+      const float* u0 = st + ou + j0 * r;
+      const float* u1 = st + ou + (h1 ? j1 : j0) * r;
+      const float* wq = W + e0;
+      int kk = 0;
+      if constexpr (kV2) {
+#pragma unroll 2
+        for (; kk + 1 < r; kk += 2) {
+          const float2 p0 = *reinterpret_cast<const float2*>(u0 + kk), p1 = *reinterpret_cast<const float2*>(u1 + kk);
+          const Four<float> w0 = ld4(wq + kk * D), w1 = ld4(wq + (kk + 1) * D);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            a0[c] += p0.x * w0.a[c];
+            a1[c] += p1.x * w0.a[c];
+          }
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            a0[c] += p0.y * w1.a[c];
+            a1[c] += p1.y * w1.a[c];
+          }
+        }
+      }
+      for (; kk < r; ++kk) {
+        const float s0 = u0[kk], s1 = u1[kk];
+        const Four<float> w0 = ld4(wq + kk * D);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          a0[c] += s0 * w0.a[c];
+          a1[c] += s1 * w0.a[c];
+        }
+      }
+    }
+    auto out = [&](int j, const float* acc) {
+      const i64 i = t0 + j;
+      const float* xc = st + ox + (j + 1) * D + e0;
+      const Four<float> c = ld4(xc);
+      const float di = st[od + j];
+      float o[4];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) o[cc] = di * c.a[cc];
+      if (i > 0) {
+        const Four<float> mm = ld4(xc - D);
+        const float li = st[olo + j + lofs];
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) o[cc] = li * mm.a[cc] + o[cc];
+      }
+      if (i + 1 < N) {
+        const Four<float> nn = ld4(xc + D);
+        const float ui = st[oup + j];
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) o[cc] = o[cc] + ui * nn.a[cc];
+      }
+      *reinterpret_cast<float4*>(y + (b * N + i) * D + e0) =
+          float4{o[0] + acc[0], o[1] + acc[1], o[2] + acc[2], o[3] + acc[3]};
+    };
+    if (h0) out(j0, a0);
+    if (h1) out(j1, a1);
+  }
+  __pipeline_wait_prior(0);
+}
+
+bool staged_applies(const SemisepDims& dm, std::size_t es, const void* x, const void* y, const void* v,
+                    const void* u) {
+  // 16-byte aligned x and y (the rows' float4 stores); u and v only need their elements' alignment
+  (void)v, (void)u;
+  return semisep_plan::staged_applies(dm.r, dm.D, static_cast<int>(es)) && aligned(x, 16) && aligned(y, 16) &&
+         dm.B * ((dm.N + 7) / 8) < (i64{1} << 31);  // the rows kernel counts its tiles (of 8 rows or more) in int
+}
+// blocks of a persistent grid: as many as fit on the device at once
+template <class K> unsigned resident_blocks(K kernel, std::size_t smem) {
+  int dev = 0, sms = 0, per = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  check_call(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, 256, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return static_cast<unsigned>(std::max(1, sms * std::max(1, per)));
+}
+template <class K> void allow_smem(K kernel, std::size_t smem) {
+  if (smem > 48 * 1024)
+    check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               "cudaFuncSetAttribute (semiseparable_matvec)");
+}
+// Bulk copies where the device has them (sm_90 and later) and every array the
+// kernels copy from starts 16-byte aligned.
+bool bulk_copies(std::initializer_list<const void*> ptrs) {
+  int dev = 0, major = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  if (major < 9) return false;
+  for (const void* q : ptrs)
+    if (!aligned(q, 16)) return false;
+  return true;
+}
+void chunk_sums3(const SemisepDims& dm, const float* x, const float* v, float* S, bool bulk) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const semisep_plan::StagedSums p = semisep_plan::staged_sums(dm.r, dm.D);
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  const auto g = static_cast<unsigned>(dm.B * nc);
+  constexpr int ST = semisep_plan::kSumsStages;
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    kernel<<<g, 256, smem>>>(x, v, S, dm.N, static_cast<int>(dm.D), static_cast<int>(dm.r), dm.L, nc, p.R, p.stage,
+                             p.ne, p.ntiles, p.tpg, p.G);
+  };
+  bulk = bulk && bulk_copies({x, v});
+  constexpr int TE = 4;  // semisep_plan::staged_sums
+  if (dm.r % 2 == 0) bulk ? launch(chunk_sums3_kernel<true, true, ST, TE>) : launch(chunk_sums3_kernel<true, false, ST, TE>);
+  else bulk ? launch(chunk_sums3_kernel<false, true, ST, TE>) : launch(chunk_sums3_kernel<false, false, ST, TE>);
+  check_launch("semiseparable_matvec (chunk sums)");
+}
+void full_rows3(const SemisepDims& dm, const float* x, const float* d, const float* up, const float* lo, const float* u,
+                const float* S, float* y, bool bulk) {
+  const i64 nc = (dm.N + dm.L - 1) / dm.L;
+  const semisep_plan::StagedRows p = semisep_plan::staged_rows(dm.r, dm.D);
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  const i64 total = dm.B * ((dm.N + p.R - 1) / p.R);  // < 2^31 (staged_applies)
+  constexpr int ST = semisep_plan::kRowsStages;
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    const unsigned g = static_cast<unsigned>(std::min<i64>(total, resident_blocks(kernel, smem)));
+    kernel<<<g, 256, smem>>>(x, d, up, lo, u, S, y, dm.B, dm.N, static_cast<int>(dm.D), static_cast<int>(dm.r), nc, p.R,
+                             p.stage);
+  };
+  bulk = bulk && bulk_copies({x, d, up, lo, u});
+  if (dm.r % 2 == 0) bulk ? launch(full_rows3_kernel<true, true, ST>) : launch(full_rows3_kernel<true, false, ST>);
+  else bulk ? launch(full_rows3_kernel<false, true, ST>) : launch(full_rows3_kernel<false, false, ST>);
+  check_launch("semiseparable_matvec (rows)");
+}
+
+// ---- the causal product in one pass (staged; f32, D in {8, 16, 32, 64}) ----
+// Two passes (chunk sums, then the scan re-reading x and v) move 1.91 GB at
+// the issue's size, 1.4 times the bytes the product needs. Here a block takes
+// a chunk in counter order and keeps its x and v in shared memory: phase 1
+// forms the sums of its H sub-chunks (a thread per sub-chunk and 2 columns,
+// the same walk as the scan without outputs), scans them across the block
+// (warp shuffles, then the 8 warps' totals), publishes the chunk's sum and
+// finds its exclusive prefix by a decoupled look-back (a warp polls the flags
+// of the 32 chunks before it; sums and prefixes in f64); phase 2 walks the
+// sub-chunks again from their prefixes, with u arriving in slabs (plan:
+// semisep_plan::staged_scan).
+// polls read relaxed (an acquire load invalidates L1 on every poll: a tenth of the kernel's stall samples
+// on an H200); one fence follows the poll that finds the flags set
+__device__ inline int ld_relaxed(const int* f) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+  return v;
+}
+__device__ inline void st_release(int* f, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
+}
+
+// one row of the walk: P += v_j (x) x_j[e, e + 1]; masked past r (KB - 4 < r <= KB)
+template <int KB, bool kV2>
+__device__ inline void scan3_update(float (&P)[2][KB], const float* vrow, float2 xv, int r) {
+#pragma unroll
+  for (int k = 0; k < KB; k += 2) {
+    float2 vv;
+    if constexpr (kV2) vv = *reinterpret_cast<const float2*>(vrow + k);
+    else vv = float2{vrow[k], vrow[k + 1]};
+    if (k + 2 > KB - 4) {
+      vv.x = k < r ? vv.x : 0.f;
+      vv.y = k + 1 < r ? vv.y : 0.f;
+    }
+    P[0][k] += vv.x * xv.x;
+    P[1][k] += vv.x * xv.y;
+    P[0][k + 1] += vv.y * xv.x;
+    P[1][k + 1] += vv.y * xv.y;
+  }
+}
+
+template <int KB, bool kV2>
+__global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
+                                                              const float* u, const float* v, float* y, int* flags,
+                                                              int* counter, double* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
+                                                              semisep_plan::StagedScan p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
+  __shared__ long long s_id;
+  __shared__ int s_n, s_use;
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  const int h = t / p.Dh, hw = lane / p.Dh, e = 2 * (t % p.Dh);
+  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
+  if (t == 0) s_id = atomicAdd(counter, 1);  // chunks start in this order: the ones a block waits for run
+  __syncthreads();
+  const i64 id = s_id, b = id / nc, c = id % nc, i0 = c * p.Lg;
+  const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
+  // group 0: the chunk's x, v, d and lo (lo_{i-1} at olo + (i - i0))
+  stage_span(sm + p.ox, x + (b * N + i0) * D, static_cast<i64>(n) * D);
+  stage_span(sm + p.ov, v + i0 * r, static_cast<i64>(n) * r);
+  stage_span(sm + p.od, d + i0, n);
+  if (i0 > 0) stage_span(sm + p.olo, lo + i0 - 1, n);
+  else stage_span(sm + p.olo + 1, lo, n - 1);
+  __pipeline_commit();
+  // slab s: rows [s RS, s RS + RS) of every sub-chunk, sub-chunk h at h * slab_piece
+  const int per = (p.RS * ri + 3) / 4;  // 16-byte pieces per sub-chunk
+  const bool al = ri % 2 == 0 && (reinterpret_cast<std::uintptr_t>(u) & 15) == 0;
+  auto issue_slab = [&](int s) {
+    float* dst = sm + p.ou + (s % 3) * p.H * p.slab_piece;
+    for (int f = t; f < p.H * per; f += 256) {
+      const int hh = f / per, q = f % per, j0 = hh * p.SR + s * p.RS;
+      const int j1 = min(min(j0 + p.RS, hh * p.SR + p.SR), n);
+      const int m = (j1 - j0) * ri;  // elements of this sub-chunk's rows (<= 0: none)
+      const float* src = u + (i0 + j0) * r;
+      float* to = dst + hh * p.slab_piece;
+      if (4 * q >= m) continue;
+      if (al && 4 * q + 4 <= m) __pipeline_memcpy_async(to + 4 * q, src + 4 * q, 16);
+      else
+        for (int z = 4 * q; z < 4 * q + 4 && z < m; ++z) __pipeline_memcpy_async(to + z, src + z, 4);
+    }
+  };
+  issue_slab(0);
+  __pipeline_commit();
+  if (p.nslab > 1) issue_slab(1);
+  __pipeline_commit();
+  const int j_begin = h * p.SR, j_end = min(j_begin + p.SR, n);
+  float xprev[2] = {0.f, 0.f};
+  if (h == 0 && i0 > 0) xprev[0] = x[(b * N + i0 - 1) * D + e], xprev[1] = x[(b * N + i0 - 1) * D + e + 1];
+  __pipeline_wait_prior(2);
+  __syncthreads();
+  // phase 1: this sub-chunk's sum
+  float P[2][KB];
+#pragma unroll
+  for (int k = 0; k < KB; ++k) P[0][k] = P[1][k] = 0.f;
+  for (int j = j_begin; j < j_end; ++j)
+    scan3_update<KB, kV2>(P, sm + p.ov + j * ri, *reinterpret_cast<const float2*>(sm + p.ox + j * Di + e), ri);
+  // inclusive scan over the warp's sub-chunks, the warp's total to owt, then exclusive
+  for (int s = 1; s < p.HW; s <<= 1) {
+#pragma unroll
+    for (int k = 0; k < KB; ++k) {
+      const float a0 = __shfl_up_sync(0xffffffffu, P[0][k], s * p.Dh), a1 = __shfl_up_sync(0xffffffffu, P[1][k], s * p.Dh);
+      if (hw >= s) P[0][k] += a0, P[1][k] += a1;
+    }
+  }
+  float* const wt = sm + p.owt;  // [8][r][D]
+  if (hw == p.HW - 1)
+#pragma unroll
+    for (int k = 0; k < KB; ++k)
+      if (k < ri) wt[(w * ri + k) * Di + e] = P[0][k], wt[(w * ri + k) * Di + e + 1] = P[1][k];
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+    const float a0 = __shfl_up_sync(0xffffffffu, P[0][k], p.Dh), a1 = __shfl_up_sync(0xffffffffu, P[1][k], p.Dh);
+    P[0][k] = hw > 0 ? a0 : 0.f;
+    P[1][k] = hw > 0 ? a1 : 0.f;
+  }
+  __syncthreads();
+  // the chunk's sum (f64), published; then the look-back for its exclusive prefix
+  constexpr int kEl = 4;  // elements of r x D per thread (r D <= 1024)
+  double a[kEl], ex[kEl];
+#pragma unroll
+  for (int q = 0; q < kEl; ++q) {
+    const int el = t + 256 * q;
+    a[q] = 0, ex[q] = 0;
+    if (el < rD) {  // the chunk's sum in f64; wt becomes the warps' exclusive prefix (f32) in place
+      float run = 0.f;
+      for (int ww = 0; ww < 8; ++ww) {
+        const float v_ = wt[ww * rD + el];
+        wt[ww * rD + el] = run;
+        run += v_;
+        a[q] += static_cast<double>(v_);
+      }
+    }
+  }
+  const i64 mine = id * rD;
+  if (c == 0) {
+#pragma unroll
+    for (int q = 0; q < kEl; ++q)
+      if (t + 256 * q < rD) inc[mine + t + 256 * q] = a[q];
+    __threadfence();
+    __syncthreads();
+    if (t == 0) st_release(flags + id, 2);
+  } else {
+#pragma unroll
+    for (int q = 0; q < kEl; ++q)
+      if (t + 256 * q < rD) agg[mine + t + 256 * q] = a[q];
+    __threadfence();
+    __syncthreads();
+    if (t == 0) st_release(flags + id, 1);
+    i64 pp = c - 1;  // the nearest chunk not yet added
+    for (;;) {
+      if (w == 0) {
+        int st = 0, f = 32;
+        for (;;) {
+          const i64 cc = pp - lane;
+          st = cc >= 0 ? ld_relaxed(flags + b * nc + cc) : 3;  // 3: before the batch's first chunk
+          const unsigned stop = __ballot_sync(0xffffffffu, st >= 2), zero = __ballot_sync(0xffffffffu, st == 0);
+          f = stop ? __ffs(stop) - 1 : 32;
+          const unsigned before = f == 32 ? 0xffffffffu : ((1u << f) - 1u);
+          if ((zero & before) == 0) break;  // chunks pp .. pp - f + 1 have their sums, pp - f its prefix
+        }
+        const int stf = __shfl_sync(0xffffffffu, st, f & 31);
+        __threadfence();  // the sums and prefixes behind the flags seen are read after this
+        if (lane == 0) s_n = f, s_use = f < 32 && stf == 2;
+      }
+      __syncthreads();
+      const int na = s_n, use = s_use;
+#pragma unroll
+      for (int q = 0; q < kEl; ++q) {
+        const int el = t + 256 * q;
+        if (el >= rD) continue;
+        double s = 0;
+        for (int m = 0; m < na; ++m) s += __ldcg(agg + (b * nc + pp - m) * rD + el);
+        if (use) s += __ldcg(inc + (b * nc + pp - na) * rD + el);
+        ex[q] += s;
+      }
+      __syncthreads();  // s_n, s_use are read before warp 0 writes them again
+      if (na < 32) break;
+      pp -= 32;
+    }
+#pragma unroll
+    for (int q = 0; q < kEl; ++q)
+      if (t + 256 * q < rD) inc[mine + t + 256 * q] = ex[q] + a[q];
+    __threadfence();
+    __syncthreads();
+    if (t == 0) st_release(flags + id, 2);
+  }
+#pragma unroll
+  for (int q = 0; q < kEl; ++q)
+    if (t + 256 * q < rD) E[t + 256 * q] = ex[q];
+  __syncthreads();
+  // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+    if (k >= ri) {
+      P[0][k] = P[1][k] = 0.f;
+      continue;
+    }
+    const int el = k * Di + e;
+    const float2 wp = *reinterpret_cast<const float2*>(wt + w * rD + el);
+    P[0][k] = static_cast<float>(E[el] + static_cast<double>(wp.x) + static_cast<double>(P[0][k]));
+    P[1][k] = static_cast<float>(E[el + 1] + static_cast<double>(wp.y) + static_cast<double>(P[1][k]));
+  }
+  // phase 2: the scan, u from the slabs
+  for (int s = 0; s < p.nslab; ++s) {
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    if (s + 2 < p.nslab) issue_slab(s + 2);
+    __pipeline_commit();
+    const float* slab = sm + p.ou + (s % 3) * p.H * p.slab_piece + h * p.slab_piece;
+    for (int jj = 0; jj < p.RS; ++jj) {
+      const int j = j_begin + s * p.RS + jj;
+      if (j >= j_end) break;
+      const float2 xv = *reinterpret_cast<const float2*>(sm + p.ox + j * Di + e);
+      scan3_update<KB, kV2>(P, sm + p.ov + j * ri, xv, ri);
+      const float* urow = slab + jj * ri;
+      float o0a = 0.f, o0b = 0.f, o1a = 0.f, o1b = 0.f;
+#pragma unroll
+      for (int k = 0; k < KB; k += 2) {
+        float2 uu;
+        if constexpr (kV2) uu = *reinterpret_cast<const float2*>(urow + k);
+        else uu = float2{urow[k], urow[k + 1]};
+        if (k + 2 > KB - 4) {
+          uu.x = k < ri ? uu.x : 0.f;
+          uu.y = k + 1 < ri ? uu.y : 0.f;
+        }
+        o0a += uu.x * P[0][k];
+        o1a += uu.x * P[1][k];
+        o0b += uu.y * P[0][k + 1];
+        o1b += uu.y * P[1][k + 1];
+      }
+      const i64 i = i0 + j;
+      const float di = sm[p.od + j];
+      float b0 = di * xv.x, b1 = di * xv.y;
+      if (i > 0) {
+        const float li = sm[p.olo + j];
+        const float2 xm = j > 0 ? *reinterpret_cast<const float2*>(sm + p.ox + (j - 1) * Di + e)
+                                : float2{xprev[0], xprev[1]};
+        b0 = li * xm.x + b0;
+        b1 = li * xm.y + b1;
+      }
+      *reinterpret_cast<float2*>(y + (b * N + i) * D + e) = float2{b0 + (o0a + o0b), b1 + (o1a + o1b)};
+    }
+  }
+  __pipeline_wait_prior(0);
+}
+
+bool scan3_applies(const SemisepDims& dm, const void* u) {
+  (void)u;
+  return semisep_plan::staged_scan(dm.r, dm.D).fits;
+}
+template <int KB>
+void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                     const float* v, float* y, void* ws) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
+  const i64 nc = (dm.N + p.Lg - 1) / p.Lg, blocks = dm.B * nc, rD = dm.r * dm.D;
+  int* flags = static_cast<int*>(ws);
+  double* agg = reinterpret_cast<double*>(static_cast<char*>(ws) + (blocks + 1 + 3) / 4 * 16);
+  double* inc = agg + blocks * rD;
+  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks + 1) * sizeof(int)),
+             "cudaMemsetAsync (semiseparable_matvec)");
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D, dm.r, nc, p);
+  };
+  if (dm.r % 2 == 0) launch(causal_scan3_kernel<KB, true>);
+  else launch(causal_scan3_kernel<KB, false>);
+  check_launch("semiseparable_matvec (causal, one pass)");
+}
+void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                  const float* v, float* y, void* ws) {
+  switch ((dm.r + 3) / 4) {
+    case 1: causal_scan3_kb<4>(dm, x, d, lo, u, v, y, ws); break;
+    case 2: causal_scan3_kb<8>(dm, x, d, lo, u, v, y, ws); break;
+    case 3: causal_scan3_kb<12>(dm, x, d, lo, u, v, y, ws); break;
+    case 4: causal_scan3_kb<16>(dm, x, d, lo, u, v, y, ws); break;
+    case 5: causal_scan3_kb<20>(dm, x, d, lo, u, v, y, ws); break;
+    case 6: causal_scan3_kb<24>(dm, x, d, lo, u, v, y, ws); break;
+    case 7: causal_scan3_kb<28>(dm, x, d, lo, u, v, y, ws); break;
+    default: causal_scan3_kb<32>(dm, x, d, lo, u, v, y, ws); break;
+  }
+}
+
 // The tiled forward: chunk sums, combined (total or exclusive prefix), then
-// the rows. variant 1: the first tiled kernels only; else the warp-level ones
-// where they apply.
+// the rows. variant 1: the first tiled kernels only; 2: the warp-level ones
+// where they apply; 3: the staged ones where they apply (f32; causal in one
+// pass where semisep_plan::staged_scan fits, S then being its workspace of
+// staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
+// in bulk where the device and the alignment allow.
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L, rD = dm.r * dm.D;
   const bool v2 = variant != 1;
-  if (v2 && sums2_applies<T>(dm)) chunk_sums2(dm, x, v, S);
-  else chunk_sums(dm, x, v, S);
+  bool v3 = false;
+  const bool bulk = variant == 0 || variant == 4;
+  if constexpr (sizeof(T) == 4) {
+    v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y, v, u);
+    if (v3 && causal && scan3_applies(dm, u)) {  // one pass, its own chunks: no stages to stop after
+      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
+      return;
+    }
+    if (v3) chunk_sums3(dm, x, v, S, bulk);
+  }
+  if (!v3) {
+    if (v2 && sums2_applies<T>(dm)) chunk_sums2(dm, x, v, S);
+    else chunk_sums(dm, x, v, S);
+  }
   if (upto == 1) return;
   combine(S, dm.B, nc, rD, causal ? 1 : 0);
   if (upto == 2) return;
@@ -818,6 +1514,12 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
     if (v2 && dm.D <= 32) causal_scan2_kb<T>(dm, x, d, lo, u, v, S, y);
     else causal_scan_kb<T, 1>(dm, x, d, lo, u, v, S, y);
     return;
+  }
+  if constexpr (sizeof(T) == 4) {
+    if (v3) {
+      full_rows3(dm, x, d, up, lo, u, S, y, bulk);
+      return;
+    }
   }
   if (v2 && semisep_plan::rows(dm.r, dm.D, static_cast<int>(sizeof(T))).fits) {
     full_rows2(dm, x, d, up, lo, u, S, y);

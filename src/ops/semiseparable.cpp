@@ -7,10 +7,12 @@
 #include "ad/ops.hpp"
 
 #include <array>
+#include <algorithm>
 #include <atomic>
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "cuda/semisep_plan.hpp"
 #include "ops/semiseparable_cpu.hpp"
 #if AD_HAVE_CUDA
 #include "cuda/launch.hpp"
@@ -188,9 +190,14 @@ double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
   double r = static_cast<double>(a[4].shape[1]);
   return static_cast<double>(out.shape.numel()) * ((a.attrs.causal ? 6 : a.in.size() > 6 ? 2 : 4) * r + 5);
 }
-std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta&) {
-  return static_cast<std::int64_t>(
-      semisep::matvec_ws_bytes(dims_of(a[0].shape, a[4].shape[1], a.attrs), dtype_size(a[0].dtype)));
+// On a GPU the causal f32 product may run in one pass (src/cuda/semiseparable.cu), whose
+// look-back over chunks takes flags and two r x D doubles a chunk (at most a quarter of x's size).
+std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta& out) {
+  const semisep::Dims dm = dims_of(a[0].shape, a[4].shape[1], a.attrs);
+  auto ws = static_cast<std::int64_t>(semisep::matvec_ws_bytes(dm, dtype_size(a[0].dtype)));
+  if (out.device.kind == DeviceKind::cuda && a.attrs.causal && a[0].dtype == DType::f32)
+    ws = std::max(ws, cuda_k::semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r));
+  return ws;
 }
 void semiseparable_matvec_bwd(BackwardArgs& a) {
   int mask = 0;
