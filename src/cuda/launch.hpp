@@ -148,12 +148,15 @@ struct SemisepDims {
   std::int64_t B, N, D, r, L;
 };
 // y = H x (causal: its lower triangle). ws: B * chunks * r * D elements
-// (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D).
-// r <= 32 and D <= 256 take the tiled kernels. variant: 0 or 2 the
-// warp-level ones where they apply, 1 the first tiled ones only (see
-// semisep::set_gpu_matvec_variant); upto (the tiled kernels only): 1 stops
-// after the chunk sums, 2 after combining them, 3 runs all
-// (the benchmark times the stages by difference; y is not formed before 3).
+// (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D); causal
+// f32 with the staged kernels: at least semisep_plan::staged_scan_ws_bytes.
+// r <= 32 and D <= 256 take the tiled kernels. variant (see
+// semisep::set_gpu_matvec_variant): 1 the first tiled ones only, 2 the
+// warp-level ones where they apply, 3 the staged ones (f32) where they apply,
+// 4 and 0 the staged ones with bulk copies; upto (the tiled kernels only):
+// 1 stops after the chunk sums, 2 after combining them, 3 runs all (the
+// benchmark times the stages by difference; y is not formed before 3; the
+// one-pass causal kernel runs only at 3).
 void semisep_matvec(DType t, const SemisepDims& dm, bool causal, const void* x, const void* d, const void* up,
                     const void* lo, const void* u, const void* v, void* y, void* ws, int variant = 0,
                     int upto = 3);

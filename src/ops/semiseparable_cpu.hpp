@@ -33,9 +33,10 @@ std::size_t stream_min_bytes();
 void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 
 // Which CUDA kernels semiseparable_matvec's forward runs on a GPU
-// (cuda_k::semisep_matvec's variant): 0 the default (the warp-level kernels
-// where they apply), 1 the first tiled kernels only. Returns the previous
-// setting; for tests and benchmarks that compare the two.
+// (cuda_k::semisep_matvec's variant): 0 the default (as 4), 1 the first tiled
+// kernels only, 2 the warp-level ones, 3 the staged ones, 4 the staged ones
+// with bulk copies (each where it applies, else the one before). Returns the
+// previous setting; for tests and benchmarks that compare them.
 int set_gpu_matvec_variant(int v);
 int gpu_matvec_variant();
 
