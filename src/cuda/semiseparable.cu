@@ -1130,12 +1130,24 @@ __global__ void __launch_bounds__(256) full_rows3_kernel(const float* x, const f
   __pipeline_wait_prior(0);
 }
 
+// The shared memory one block may take on this device after opting in (227 KB on an H100 or H200,
+// 163 KB on an A100, 99 KB on sm_86 / sm_89 parts): plans over it fall back to other kernels.
+i64 block_smem_optin() {
+  int dev = 0, bytes = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  return bytes;
+}
 bool staged_applies(const SemisepDims& dm, std::size_t es, const void* x, const void* y, const void* v,
                     const void* u) {
   // 16-byte aligned x and y (the rows' float4 stores); u and v only need their elements' alignment
   (void)v, (void)u;
-  return semisep_plan::staged_applies(dm.r, dm.D, static_cast<int>(es)) && aligned(x, 16) && aligned(y, 16) &&
-         dm.B * ((dm.N + 7) / 8) < (i64{1} << 31);  // the rows kernel counts its tiles (of 8 rows or more) in int
+  if (!semisep_plan::staged_applies(dm.r, dm.D, static_cast<int>(es)) || !aligned(x, 16) || !aligned(y, 16) ||
+      dm.B * ((dm.N + 7) / 8) >= (i64{1} << 31))  // the rows kernel counts its tiles (of 8 rows or more) in int
+    return false;
+  const i64 smem = std::max(semisep_plan::staged_sums(dm.r, dm.D).smem_bytes,
+                            semisep_plan::staged_rows(dm.r, dm.D).smem_bytes);
+  return smem <= block_smem_optin();
 }
 // blocks of a persistent grid: as many as fit on the device at once
 template <class K> unsigned resident_blocks(K kernel, std::size_t smem) {
@@ -1445,9 +1457,9 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   __pipeline_wait_prior(0);
 }
 
-bool scan3_applies(const SemisepDims& dm, const void* u) {
-  (void)u;
-  return semisep_plan::staged_scan(dm.r, dm.D).fits;
+bool scan3_applies(const SemisepDims& dm) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
+  return p.fits && p.smem_bytes <= block_smem_optin();
 }
 template <int KB>
 void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
@@ -1497,7 +1509,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
   const bool bulk = variant == 0 || variant == 4;
   if constexpr (sizeof(T) == 4) {
     v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y, v, u);
-    if (v3 && causal && scan3_applies(dm, u)) {  // one pass, its own chunks: no stages to stop after
+    if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
       if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
     }
