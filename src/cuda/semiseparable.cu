@@ -1138,10 +1138,9 @@ i64 block_smem_optin() {
   check_call(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
   return bytes;
 }
-bool staged_applies(const SemisepDims& dm, std::size_t es, const void* x, const void* y, const void* v,
-                    const void* u) {
-  // 16-byte aligned x and y (the rows' float4 stores); u and v only need their elements' alignment
-  (void)v, (void)u;
+// 16-byte aligned x and y (the rows' float4 stores); the other arrays need only their elements'
+// alignment (bulk copies check theirs: bulk_copies)
+bool staged_applies(const SemisepDims& dm, std::size_t es, const void* x, const void* y) {
   if (!semisep_plan::staged_applies(dm.r, dm.D, static_cast<int>(es)) || !aligned(x, 16) || !aligned(y, 16) ||
       dm.B * ((dm.N + 7) / 8) >= (i64{1} << 31))  // the rows kernel counts its tiles (of 8 rows or more) in int
     return false;
@@ -1508,7 +1507,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
   bool v3 = false;
   const bool bulk = variant == 0 || variant == 4;
   if constexpr (sizeof(T) == 4) {
-    v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y, v, u);
+    v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y);
     if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
       if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
