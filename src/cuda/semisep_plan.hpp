@@ -122,15 +122,15 @@ inline StagedRows staged_rows(std::int64_t r, std::int64_t D) {
 // Causal product in one pass over memory (staged; D in {8, 16, 32, 64}, r <=
 // 32): a block takes a chunk of Lg = H * SR rows in order of a counter;
 // thread = (sub-chunk h, 2 columns), H = 256 / (D / 2) sub-chunks of SR rows,
-// HW = 32 / (D / 2) of them per warp. The chunk's x and v (and d, lo) stay in
-// shared memory from the first phase (sub-chunk sums) to the second (the
-// scan), so they are read from memory once; u comes in slabs of RS rows of
-// every sub-chunk, 3 in flight. Between the phases the chunk publishes its sum
-// and finds its exclusive prefix by a decoupled look-back over the chunks
-// before it (flags and per-chunk sums in f64 in the workspace).
+// HW = 32 / (D / 2) of them per warp. The chunk's x (from the row before it),
+// v, u, d and lo are copied to shared memory once, up front: phase 1 (the
+// sub-chunk sums) waits for x and v only, u arrives behind it, and phase 2
+// (the scan) reads shared memory only. Between the phases the chunk publishes
+// its sum and finds its exclusive prefix by a decoupled look-back over the
+// chunks before it (flags and per-chunk sums in f64 in the workspace).
 struct StagedScan {
-  int Dh, H, HW, KB, SR, RS, Lg, nslab, slab_piece;
-  int ox, ov, od, olo, ou, owt, oE;  // float offsets in shared memory (oE: doubles start there)
+  int Dh, H, HW, KB, SR, Lg;
+  int ox, ov, ou, od, olo, owt, oE;  // float offsets in shared memory (oE: doubles start there)
   std::int64_t smem_bytes;
   bool fits;  // shared memory within kScanSmem, workspace at most x's size / 4, r D <= 1024
 };
@@ -142,27 +142,24 @@ inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
   p.H = 256 / p.Dh;
   p.HW = 32 / p.Dh;
   p.KB = round4(r);
-  p.RS = 2;
-  p.slab_piece = round4(p.RS * r) + 4;  // rows of u of one sub-chunk, plus 4 read past r
   auto layout = [&](int SR) {
-    const int Lg = p.H * SR;
-    int o = 0;
-    p.ox = o, o += Lg * static_cast<int>(D);
-    p.ov = o, o += round4(static_cast<std::int64_t>(Lg) * r) + 4;
-    p.od = o, o += round4(Lg);
-    p.olo = o, o += round4(Lg);
-    p.ou = o, o += 3 * p.H * p.slab_piece;
-    p.owt = o, o += 8 * static_cast<int>(r * D);
+    const std::int64_t Lg = std::int64_t{p.H} * SR;
+    std::int64_t o = 0;
+    p.ox = static_cast<int>(o), o += (Lg + 1) * D;  // row -1 first (zeros before the first row)
+    p.ov = static_cast<int>(o), o += round4(Lg * r) + 4;  // + 4: the walk reads up to 3 past r
+    p.ou = static_cast<int>(o), o += round4(Lg * r) + 4;
+    p.od = static_cast<int>(o), o += round4(Lg);
+    p.olo = static_cast<int>(o), o += round4(Lg);  // lo_{i - 1} for row i (0 before the first row)
+    p.owt = static_cast<int>(o), o += 8 * r * D;
     o = (o + 3) / 4 * 4;
-    p.oE = o, o += 2 * static_cast<int>(r * D);
-    return static_cast<std::int64_t>(o) * 4;
+    p.oE = static_cast<int>(o), o += 2 * r * D;
+    return o * 4;
   };
   int SR = 32;
-  while (SR > p.RS && layout(SR) > kScanSmem) SR -= p.RS;
+  while (SR > 1 && layout(SR) > kScanSmem) --SR;
   p.smem_bytes = layout(SR);
   p.SR = SR;
   p.Lg = p.H * SR;
-  p.nslab = SR / p.RS;
   // the workspace (2 r D doubles a chunk) at most a quarter of x (Lg D floats a chunk): Lg >= 16 r
   p.fits = p.smem_bytes <= kScanSmem && p.Lg >= 16 * r && r * D <= 1024;
   return p;

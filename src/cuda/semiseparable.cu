@@ -1212,13 +1212,14 @@ void full_rows3(const SemisepDims& dm, const float* x, const float* d, const flo
 // ---- the causal product in one pass (staged; f32, D in {8, 16, 32, 64}) ----
 // Two passes (chunk sums, then the scan re-reading x and v) move 1.91 GB at
 // the issue's size, 1.4 times the bytes the product needs. Here a block takes
-// a chunk in counter order and keeps its x and v in shared memory: phase 1
-// forms the sums of its H sub-chunks (a thread per sub-chunk and 2 columns,
-// the same walk as the scan without outputs), scans them across the block
-// (warp shuffles, then the 8 warps' totals), publishes the chunk's sum and
-// finds its exclusive prefix by a decoupled look-back (a warp polls the flags
-// of the 32 chunks before it; sums and prefixes in f64); phase 2 walks the
-// sub-chunks again from their prefixes, with u arriving in slabs (plan:
+// a chunk in counter order and copies its x, v, u, d and lo to shared memory
+// once: phase 1 forms the sums of its H sub-chunks (a thread per sub-chunk
+// and 2 columns, the same walk as the scan without outputs) as soon as x and
+// v are in, scans them across the block (warp shuffles, then the 8 warps'
+// totals), publishes the chunk's sum and finds its exclusive prefix by a
+// decoupled look-back (a warp polls the flags of the 32 chunks before it;
+// sums and prefixes in f64); phase 2 walks the sub-chunks again from their
+// prefixes with outputs, reading shared memory only (plan:
 // semisep_plan::staged_scan).
 // polls read relaxed (an acquire load invalidates L1 on every poll: a tenth of the kernel's stall samples
 // on an H200); one fence follows the poll that finds the flags set
@@ -1231,18 +1232,28 @@ __device__ inline void st_release(int* f, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
 }
 
-// one row of the walk: P += v_j (x) x_j[e, e + 1]; masked past r (KB - 4 < r <= KB)
-template <int KB, bool kV2>
+// ranks k, k + 1 of a row of u or v in shared memory. kExact: KB == r (r
+// even: 8-byte loads, nothing past r); else (r odd, KB = r rounded up to 4)
+// the last pairs read up to 3 elements into the next row, zeroed here
+template <int KB, bool kExact>
+__device__ inline float2 scan3_pair(const float* row, int k, int r) {
+  if constexpr (kExact) {
+    return *reinterpret_cast<const float2*>(row + k);
+  } else {
+    float2 a{row[k], row[k + 1]};
+    if (k + 2 > KB - 4) {
+      a.x = k < r ? a.x : 0.f;
+      a.y = k + 1 < r ? a.y : 0.f;
+    }
+    return a;
+  }
+}
+// one row of the walk: P += v_j (x) x_j[e, e + 1]
+template <int KB, bool kExact>
 __device__ inline void scan3_update(float (&P)[2][KB], const float* vrow, float2 xv, int r) {
 #pragma unroll
   for (int k = 0; k < KB; k += 2) {
-    float2 vv;
-    if constexpr (kV2) vv = *reinterpret_cast<const float2*>(vrow + k);
-    else vv = float2{vrow[k], vrow[k + 1]};
-    if (k + 2 > KB - 4) {
-      vv.x = k < r ? vv.x : 0.f;
-      vv.y = k + 1 < r ? vv.y : 0.f;
-    }
+    const float2 vv = scan3_pair<KB, kExact>(vrow, k, r);
     P[0][k] += vv.x * xv.x;
     P[1][k] += vv.x * xv.y;
     P[0][k + 1] += vv.y * xv.x;
@@ -1250,7 +1261,7 @@ __device__ inline void scan3_update(float (&P)[2][KB], const float* vrow, float2
   }
 }
 
-template <int KB, bool kV2>
+template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
                                                               int* counter, double* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
@@ -1267,45 +1278,35 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   __syncthreads();
   const i64 id = s_id, b = id / nc, c = id % nc, i0 = c * p.Lg;
   const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
-  // group 0: the chunk's x, v, d and lo (lo_{i-1} at olo + (i - i0))
-  stage_span(sm + p.ox, x + (b * N + i0) * D, static_cast<i64>(n) * D);
-  stage_span(sm + p.ov, v + i0 * r, static_cast<i64>(n) * r);
+  // group 0: x from the row before the chunk (zeros before the first row), v,
+  // d and lo (lo_{i-1} at olo + (i - i0), 0 before the first row); group 1: u
+  if (i0 > 0) {
+    stage_span(sm + p.ox, x + (b * N + i0 - 1) * D, static_cast<int>((n + 1) * D));
+    stage_span(sm + p.olo, lo + i0 - 1, n);
+  } else {
+    for (int q = t; q < Di; q += 256) sm[p.ox + q] = 0.f;
+    if (t == 0) sm[p.olo] = 0.f;
+    stage_span(sm + p.ox + Di, x + b * N * D, n * Di);
+    stage_span(sm + p.olo + 1, lo, n - 1);
+  }
+  stage_span(sm + p.ov, v + i0 * r, n * ri);
   stage_span(sm + p.od, d + i0, n);
-  if (i0 > 0) stage_span(sm + p.olo, lo + i0 - 1, n);
-  else stage_span(sm + p.olo + 1, lo, n - 1);
   __pipeline_commit();
-  // slab s: rows [s RS, s RS + RS) of every sub-chunk, sub-chunk h at h * slab_piece
-  const int per = (p.RS * ri + 3) / 4;  // 16-byte pieces per sub-chunk
-  const bool al = ri % 2 == 0 && (reinterpret_cast<std::uintptr_t>(u) & 15) == 0;
-  auto issue_slab = [&](int s) {
-    float* dst = sm + p.ou + (s % 3) * p.H * p.slab_piece;
-    for (int f = t; f < p.H * per; f += 256) {
-      const int hh = f / per, q = f % per, j0 = hh * p.SR + s * p.RS;
-      const int j1 = min(min(j0 + p.RS, hh * p.SR + p.SR), n);
-      const int m = (j1 - j0) * ri;  // elements of this sub-chunk's rows (<= 0: none)
-      const float* src = u + (i0 + j0) * r;
-      float* to = dst + hh * p.slab_piece;
-      if (4 * q >= m) continue;
-      if (al && 4 * q + 4 <= m) __pipeline_memcpy_async(to + 4 * q, src + 4 * q, 16);
-      else
-        for (int z = 4 * q; z < 4 * q + 4 && z < m; ++z) __pipeline_memcpy_async(to + z, src + z, 4);
-    }
-  };
-  issue_slab(0);
+  stage_span(sm + p.ou, u + i0 * r, n * ri);
   __pipeline_commit();
-  if (p.nslab > 1) issue_slab(1);
-  __pipeline_commit();
-  const int j_begin = h * p.SR, j_end = min(j_begin + p.SR, n);
-  float xprev[2] = {0.f, 0.f};
-  if (h == 0 && i0 > 0) xprev[0] = x[(b * N + i0 - 1) * D + e], xprev[1] = x[(b * N + i0 - 1) * D + e + 1];
-  __pipeline_wait_prior(2);
+  const int j_begin = min(h * p.SR, n), j_end = min(j_begin + p.SR, n);
+  __pipeline_wait_prior(1);
   __syncthreads();
   // phase 1: this sub-chunk's sum
   float P[2][KB];
 #pragma unroll
   for (int k = 0; k < KB; ++k) P[0][k] = P[1][k] = 0.f;
-  for (int j = j_begin; j < j_end; ++j)
-    scan3_update<KB, kV2>(P, sm + p.ov + j * ri, *reinterpret_cast<const float2*>(sm + p.ox + j * Di + e), ri);
+  {
+    const float* xr = sm + p.ox + (j_begin + 1) * Di + e;
+    const float* vr = sm + p.ov + j_begin * ri;
+    for (int j = j_begin; j < j_end; ++j, xr += Di, vr += ri)
+      scan3_update<KB, kExact>(P, vr, *reinterpret_cast<const float2*>(xr), ri);
+  }
   // inclusive scan over the warp's sub-chunks, the warp's total to owt, then exclusive
   for (int s = 1; s < p.HW; s <<= 1) {
 #pragma unroll
@@ -1399,6 +1400,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
 #pragma unroll
   for (int q = 0; q < kEl; ++q)
     if (t + 256 * q < rD) E[t + 256 * q] = ex[q];
+  __pipeline_wait_prior(0);  // u
   __syncthreads();
   // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
 #pragma unroll
@@ -1412,55 +1414,35 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     P[0][k] = static_cast<float>(E[el] + static_cast<double>(wp.x) + static_cast<double>(P[0][k]));
     P[1][k] = static_cast<float>(E[el + 1] + static_cast<double>(wp.y) + static_cast<double>(P[1][k]));
   }
-  // phase 2: the scan, u from the slabs
-  for (int s = 0; s < p.nslab; ++s) {
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    if (s + 2 < p.nslab) issue_slab(s + 2);
-    __pipeline_commit();
-    const float* slab = sm + p.ou + (s % 3) * p.H * p.slab_piece + h * p.slab_piece;
-    for (int jj = 0; jj < p.RS; ++jj) {
-      const int j = j_begin + s * p.RS + jj;
-      if (j >= j_end) break;
-      const float2 xv = *reinterpret_cast<const float2*>(sm + p.ox + j * Di + e);
-      scan3_update<KB, kV2>(P, sm + p.ov + j * ri, xv, ri);
-      const float* urow = slab + jj * ri;
-      float o0a = 0.f, o0b = 0.f, o1a = 0.f, o1b = 0.f;
+  // phase 2: the scan with outputs, from shared memory; y_i = d_i x_i + lo_{i-1} x_{i-1} + u_i . P_i
+  const float* xr = sm + p.ox + (j_begin + 1) * Di + e;
+  const float* vr = sm + p.ov + j_begin * ri;
+  const float* ur = sm + p.ou + j_begin * ri;
+  float* yr = y + (b * N + i0 + j_begin) * D + e;
+  for (int j = j_begin; j < j_end; ++j, xr += Di, vr += ri, ur += ri, yr += Di) {
+    const float2 xv = *reinterpret_cast<const float2*>(xr);
+    scan3_update<KB, kExact>(P, vr, xv, ri);
+    float o0a = 0.f, o0b = 0.f, o1a = 0.f, o1b = 0.f;
 #pragma unroll
-      for (int k = 0; k < KB; k += 2) {
-        float2 uu;
-        if constexpr (kV2) uu = *reinterpret_cast<const float2*>(urow + k);
-        else uu = float2{urow[k], urow[k + 1]};
-        if (k + 2 > KB - 4) {
-          uu.x = k < ri ? uu.x : 0.f;
-          uu.y = k + 1 < ri ? uu.y : 0.f;
-        }
-        o0a += uu.x * P[0][k];
-        o1a += uu.x * P[1][k];
-        o0b += uu.y * P[0][k + 1];
-        o1b += uu.y * P[1][k + 1];
-      }
-      const i64 i = i0 + j;
-      const float di = sm[p.od + j];
-      float b0 = di * xv.x, b1 = di * xv.y;
-      if (i > 0) {
-        const float li = sm[p.olo + j];
-        const float2 xm = j > 0 ? *reinterpret_cast<const float2*>(sm + p.ox + (j - 1) * Di + e)
-                                : float2{xprev[0], xprev[1]};
-        b0 = li * xm.x + b0;
-        b1 = li * xm.y + b1;
-      }
-      *reinterpret_cast<float2*>(y + (b * N + i) * D + e) = float2{b0 + (o0a + o0b), b1 + (o1a + o1b)};
+    for (int k = 0; k < KB; k += 2) {
+      const float2 uu = scan3_pair<KB, kExact>(ur, k, ri);
+      o0a += uu.x * P[0][k];
+      o1a += uu.x * P[1][k];
+      o0b += uu.y * P[0][k + 1];
+      o1b += uu.y * P[1][k + 1];
     }
+    const float2 xm = *reinterpret_cast<const float2*>(xr - Di);
+    const float di = sm[p.od + j], li = sm[p.olo + j];
+    const float b0 = fmaf(li, xm.x, di * xv.x), b1 = fmaf(li, xm.y, di * xv.y);  // lo x_{i-1} + d x_i, as before
+    *reinterpret_cast<float2*>(yr) = float2{b0 + (o0a + o0b), b1 + (o1a + o1b)};
   }
-  __pipeline_wait_prior(0);
 }
 
 bool scan3_applies(const SemisepDims& dm) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
-template <int KB>
+template <int KB, bool kExact>
 void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
                      const float* v, float* y, void* ws) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
@@ -1475,21 +1457,30 @@ void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, cons
     allow_smem(kernel, smem);
     kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D, dm.r, nc, p);
   };
-  if (dm.r % 2 == 0) launch(causal_scan3_kernel<KB, true>);
-  else launch(causal_scan3_kernel<KB, false>);
+  launch(causal_scan3_kernel<KB, kExact>);
   check_launch("semiseparable_matvec (causal, one pass)");
 }
 void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
                   const float* v, float* y, void* ws) {
-  switch ((dm.r + 3) / 4) {
-    case 1: causal_scan3_kb<4>(dm, x, d, lo, u, v, y, ws); break;
-    case 2: causal_scan3_kb<8>(dm, x, d, lo, u, v, y, ws); break;
-    case 3: causal_scan3_kb<12>(dm, x, d, lo, u, v, y, ws); break;
-    case 4: causal_scan3_kb<16>(dm, x, d, lo, u, v, y, ws); break;
-    case 5: causal_scan3_kb<20>(dm, x, d, lo, u, v, y, ws); break;
-    case 6: causal_scan3_kb<24>(dm, x, d, lo, u, v, y, ws); break;
-    case 7: causal_scan3_kb<28>(dm, x, d, lo, u, v, y, ws); break;
-    default: causal_scan3_kb<32>(dm, x, d, lo, u, v, y, ws); break;
+  // even r: a kernel for that rank exactly; odd r: r rounded up to 4, masked
+  switch (dm.r) {
+#define AD_SCAN3_EVEN(R) \
+  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws); break;
+    AD_SCAN3_EVEN(2) AD_SCAN3_EVEN(4) AD_SCAN3_EVEN(6) AD_SCAN3_EVEN(8) AD_SCAN3_EVEN(10) AD_SCAN3_EVEN(12)
+    AD_SCAN3_EVEN(14) AD_SCAN3_EVEN(16) AD_SCAN3_EVEN(18) AD_SCAN3_EVEN(20) AD_SCAN3_EVEN(22) AD_SCAN3_EVEN(24)
+    AD_SCAN3_EVEN(26) AD_SCAN3_EVEN(28) AD_SCAN3_EVEN(30) AD_SCAN3_EVEN(32)
+#undef AD_SCAN3_EVEN
+    default:
+      switch ((dm.r + 3) / 4) {
+        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws); break;
+        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws); break;
+      }
   }
 }
 
