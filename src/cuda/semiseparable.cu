@@ -1231,6 +1231,9 @@ __device__ inline int ld_relaxed(const int* f) {
 __device__ inline void st_release(int* f, int v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(f), "r"(v) : "memory");
 }
+// acquire-release at device scope: what release and acquire patterns need
+// (__threadfence() is sequentially consistent, a heavier MEMBAR.SC)
+__device__ inline void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // ranks k, k + 1 of a row of u or v in shared memory. kExact: KB == r (r
 // even: 8-byte loads, nothing past r); else (r odd, KB = r rounded up to 4)
@@ -1327,38 +1330,41 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     P[1][k] = hw > 0 ? a1 : 0.f;
   }
   __syncthreads();
-  // the chunk's sum (f64), published; then the look-back for its exclusive prefix
-  constexpr int kEl = 4;  // elements of r x D per thread (r D <= 1024)
-  double a[kEl], ex[kEl];
+  // the chunk's sum (f64), published; then the look-back for its exclusive
+  // prefix. A thread takes element pairs (2 pe, 2 pe + 1), pe = t + 256 q: the
+  // look-back reads 16 bytes per chunk and pair, kLB chunks in flight (4 at
+  // r > 28: 8 spilled registers there).
+  constexpr int kPr = 2, kLB = KB > 28 ? 4 : 8;  // pairs of r x D per thread (r D <= 1024)
+  const int nP = rD / 2;  // D is even
+  double2 a[kPr], ex[kPr];
 #pragma unroll
-  for (int q = 0; q < kEl; ++q) {
-    const int el = t + 256 * q;
-    a[q] = 0, ex[q] = 0;
+  for (int q = 0; q < kPr; ++q) {
+    const int el = 2 * (t + 256 * q);
+    a[q] = double2{0, 0}, ex[q] = double2{0, 0};
     if (el < rD) {  // the chunk's sum in f64; wt becomes the warps' exclusive prefix (f32) in place
-      float run = 0.f;
+      float2 run{0.f, 0.f};
       for (int ww = 0; ww < 8; ++ww) {
-        const float v_ = wt[ww * rD + el];
-        wt[ww * rD + el] = run;
-        run += v_;
-        a[q] += static_cast<double>(v_);
+        const float2 v_ = *reinterpret_cast<const float2*>(wt + ww * rD + el);
+        *reinterpret_cast<float2*>(wt + ww * rD + el) = run;
+        run.x += v_.x, run.y += v_.y;
+        a[q].x += static_cast<double>(v_.x), a[q].y += static_cast<double>(v_.y);
       }
     }
   }
-  const i64 mine = id * rD;
+  auto publish = [&](double* to, const double2* val, int flag) {
+#pragma unroll
+    for (int q = 0; q < kPr; ++q)
+      if (t + 256 * q < nP) reinterpret_cast<double2*>(to)[t + 256 * q] = val[q];
+    fence_acq_rel_gpu();
+    __syncthreads();
+    if (t == 0) st_release(flags + id, flag);
+  };
+  double2* const agg2 = reinterpret_cast<double2*>(agg);
+  double2* const inc2 = reinterpret_cast<double2*>(inc);
   if (c == 0) {
-#pragma unroll
-    for (int q = 0; q < kEl; ++q)
-      if (t + 256 * q < rD) inc[mine + t + 256 * q] = a[q];
-    __threadfence();
-    __syncthreads();
-    if (t == 0) st_release(flags + id, 2);
+    publish(inc + id * rD, a, 2);
   } else {
-#pragma unroll
-    for (int q = 0; q < kEl; ++q)
-      if (t + 256 * q < rD) agg[mine + t + 256 * q] = a[q];
-    __threadfence();
-    __syncthreads();
-    if (t == 0) st_release(flags + id, 1);
+    publish(agg + id * rD, a, 1);
     i64 pp = c - 1;  // the nearest chunk not yet added
     for (;;) {
       if (w == 0) {
@@ -1372,34 +1378,43 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
           if ((zero & before) == 0) break;  // chunks pp .. pp - f + 1 have their sums, pp - f its prefix
         }
         const int stf = __shfl_sync(0xffffffffu, st, f & 31);
-        __threadfence();  // the sums and prefixes behind the flags seen are read after this
+        fence_acq_rel_gpu();  // the sums and prefixes behind the flags seen are read after this
         if (lane == 0) s_n = f, s_use = f < 32 && stf == 2;
       }
       __syncthreads();
       const int na = s_n, use = s_use;
 #pragma unroll
-      for (int q = 0; q < kEl; ++q) {
-        const int el = t + 256 * q;
-        if (el >= rD) continue;
-        double s = 0;
-        for (int m = 0; m < na; ++m) s += __ldcg(agg + (b * nc + pp - m) * rD + el);
-        if (use) s += __ldcg(inc + (b * nc + pp - na) * rD + el);
-        ex[q] += s;
+      for (int q = 0; q < kPr; ++q) {
+        const int pe = t + 256 * q;
+        if (pe >= nP) continue;
+        const double2* src = agg2 + (b * nc + pp) * nP + pe;  // chunk pp - m at src - m nP
+        double2 acc[kLB];
+#pragma unroll
+        for (int k = 0; k < kLB; ++k) acc[k] = double2{0, 0};
+        for (int m0 = 0; m0 < na; m0 += kLB) {
+          double2 l[kLB];
+#pragma unroll
+          for (int k = 0; k < kLB; ++k) l[k] = m0 + k < na ? __ldcg(src - static_cast<i64>(m0 + k) * nP) : double2{0, 0};
+#pragma unroll
+          for (int k = 0; k < kLB; ++k) acc[k].x += l[k].x, acc[k].y += l[k].y;
+        }
+        double2 s2 = use ? __ldcg(inc2 + (b * nc + pp - na) * nP + pe) : double2{0, 0};
+#pragma unroll
+        for (int k = 0; k < kLB; ++k) s2.x += acc[k].x, s2.y += acc[k].y;
+        ex[q].x += s2.x, ex[q].y += s2.y;
       }
       __syncthreads();  // s_n, s_use are read before warp 0 writes them again
       if (na < 32) break;
       pp -= 32;
     }
+    double2 incl[kPr];
 #pragma unroll
-    for (int q = 0; q < kEl; ++q)
-      if (t + 256 * q < rD) inc[mine + t + 256 * q] = ex[q] + a[q];
-    __threadfence();
-    __syncthreads();
-    if (t == 0) st_release(flags + id, 2);
+    for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + a[q].x, ex[q].y + a[q].y};
+    publish(inc + id * rD, incl, 2);
   }
 #pragma unroll
-  for (int q = 0; q < kEl; ++q)
-    if (t + 256 * q < rD) E[t + 256 * q] = ex[q];
+  for (int q = 0; q < kPr; ++q)
+    if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
   __pipeline_wait_prior(0);  // u
   __syncthreads();
   // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
