@@ -129,7 +129,7 @@ inline StagedRows staged_rows(std::int64_t r, std::int64_t D) {
 // its sum and finds its exclusive prefix by a decoupled look-back over the
 // chunks before it (flags and per-chunk sums in f64 in the workspace).
 struct StagedScan {
-  int Dh, H, HW, KB, SR, Lg;
+  int Dh, H, HW, SR, Lg;
   int ox, ov, ou, od, olo, owt, oE;  // float offsets in shared memory (oE: doubles start there)
   std::int64_t smem_bytes;
   bool fits;  // shared memory within kScanSmem, workspace at most x's size / 4, r D <= 1024
@@ -141,7 +141,6 @@ inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
   p.Dh = static_cast<int>(D / 2);
   p.H = 256 / p.Dh;
   p.HW = 32 / p.Dh;
-  p.KB = round4(r);
   auto layout = [&](int SR) {
     const std::int64_t Lg = std::int64_t{p.H} * SR;
     std::int64_t o = 0;
