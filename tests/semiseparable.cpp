@@ -279,17 +279,22 @@ TEST_CASE("semiseparable_matvec is deterministic and f32 tracks f64 at N = 4096"
 TEST_CASE("semiseparable_matvec f32 gradients match a dense H in f64 (r <= 4: du and dv as dot products)") {
   // f32, D a multiple of 8 and r <= 4: the full backward forms du and dv
   // together as dots over D (sweep_du_dv), rows summed over b; r < 4 pads
-  // to four rows. Several chunks, with and without W handed in.
+  // to four rows; with every gradient wanted, either all in one sweep per
+  // chunk (bwd_rows; mode 1) or in three (mode 2), whichever the host would
+  // pick. Several chunks (N a multiple of the chunk or not: the sequence's
+  // last row has no next row), with and without W handed in.
   Rng rng(74);
   struct C { i64 B, N, D, r, chunk; };
-  const C cases[] = {{1, 500, 8, 4, 64}, {2, 500, 16, 4, 100}, {2, 333, 16, 1, 50},
-                     {3, 257, 24, 2, 0}, {2, 400, 8, 3, 70}, {2, 300, 16, 5, 60}};
+  const C cases[] = {{1, 500, 8, 4, 64}, {2, 500, 16, 4, 100}, {2, 333, 16, 1, 50}, {3, 257, 24, 2, 0},
+                     {2, 400, 8, 3, 70}, {2, 300, 16, 5, 60}, {2, 130, 128, 4, 40}, {1, 1, 16, 4, 0}};
+  for (int mode : {1, 2})
   for (const C& c : cases)
     for (bool causal : {false, true})
       for (bool with_w : {false, true}) {
         if (causal && with_w) continue;
+        const int was = ad::semisep::set_cpu_backward_sweeps(mode);
         INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal "
-                  << causal << " W given " << with_w);
+                  << causal << " W given " << with_w << " sweeps mode " << mode);
         Sys s = random_sys(c.B, c.N, c.D, c.r, rng);
         Tensor w = randn64({c.B, c.N, c.D}, rng);
         PGraph g;
@@ -304,6 +309,11 @@ TEST_CASE("semiseparable_matvec f32 gradients match a dense H in f64 (r <= 4: du
         check_close(eval(gr[3]).to_vector(), dg.dlo, 1e-5, "dt_lower");
         check_close(eval(gr[4]).to_vector(), dg.du, 1e-5, "du");
         check_close(eval(gr[5]).to_vector(), dg.dv, 1e-5, "dv");
+        // only some gradients wanted (not the one-sweep case)
+        auto some = grad(sum(mul(y, g.input(w.to(DType::f32)))), {in[0], in[4]});
+        check_close(eval(some[0]).to_vector(), dg.dx, 1e-5, "dx alone with du");
+        check_close(eval(some[1]).to_vector(), dg.du, 1e-5, "du alone with dx");
+        ad::semisep::set_cpu_backward_sweeps(was);
       }
 }
 
@@ -396,7 +406,12 @@ template <class T, class UV> void check_streamed_same_bits(i64 B, i64 N, i64 D, 
 TEST_CASE("semiseparable kernels: rows written with streaming stores are the same bits as through the cache") {
   // aligned rows (streamed): D = 16 / 32, r = 4, 16, 24; unaligned rows (not
   // streamed) alongside: D = 13, r = 7; several chunks, B > 1 (du, dv sum over b)
-  check_streamed_same_bits<float, float>(2, 3001, 16, 4);
+  for (int mode : {1, 2}) {  // the full backward at r = 4 in one sweep, then in three
+    const int was = ad::semisep::set_cpu_backward_sweeps(mode);
+    check_streamed_same_bits<float, float>(2, 3001, 16, 4);
+    check_streamed_same_bits<float, float>(1, 700, 128, 3);
+    ad::semisep::set_cpu_backward_sweeps(was);
+  }
   check_streamed_same_bits<float, float>(1, 2500, 16, 16);
   check_streamed_same_bits<float, float>(1, 2100, 32, 24);
   check_streamed_same_bits<float, float>(2, 1999, 13, 7);

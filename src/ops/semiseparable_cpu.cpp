@@ -28,6 +28,12 @@
 namespace ad::semisep {
 
 namespace {
+std::atomic<std::size_t> g_stream_min{0};  // 0: not yet read from the machine
+std::atomic<int> g_backward_sweeps{0};     // set_cpu_backward_sweeps
+}  // namespace
+int set_cpu_backward_sweeps(int mode) { return g_backward_sweeps.exchange(mode); }
+
+namespace {
 using i64 = std::int64_t;
 
 // Hot f32 tasks are compiled for x86-64-v4 (AVX-512 with VL), x86-64-v3
@@ -718,6 +724,47 @@ typedef float F4v __attribute__((vector_size(16)));
 AD_ALWAYS_INLINE void pair_sums(const F8& a, const F8& b, F8& out) {
   out = __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 }
+// acc[k] += dy_i . A[k], acc[4 + k] += x_i . Bm[k] over the columns [c, c + 8)
+AD_ALWAYS_INLINE void du_dv_acc(F8 (&acc)[8], const F8& gv, const F8& xv, const float* __restrict A,
+                                const float* __restrict Bm, i64 D, i64 c) {
+  for (int k = 0; k < 4; ++k) {
+    F8 a, b;
+    std::memcpy(&a, A + k * D + c, 32);
+    std::memcpy(&b, Bm + k * D + c, 32);
+    acc[k] += gv * a;
+    acc[4 + k] += xv * b;
+  }
+}
+// The eight dots of a row (acc[k]: du's k-th, acc[4 + k]: dv's, 8 lanes
+// each) reduced by one fixed tree and stored as the row's du and dv: from
+// zero (Zero) or added to their values; r = 4 (R4) as one 16-byte store
+// each, streamed when `stream` (16-byte aligned rows).
+template <bool Zero, bool R4>
+AD_ALWAYS_INLINE void du_dv_put(const F8 (&acc)[8], float* du, float* dv, i64 r, bool stream) {
+  F8 h[4], q0, q1;
+  for (int k = 0; k < 4; ++k) pair_sums(acc[2 * k], acc[2 * k + 1], h[k]);
+  pair_sums(h[0], h[1], q0);
+  pair_sums(h[2], h[3], q1);
+  const F8 t = __builtin_shufflevector(q0, q1, 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(q0, q1, 4, 5, 6, 7, 12, 13, 14, 15);
+  F4v u = __builtin_shufflevector(t, t, 0, 1, 2, 3), w = __builtin_shufflevector(t, t, 4, 5, 6, 7);
+  if constexpr (R4) {
+    if constexpr (!Zero) {
+      F4v u0, w0;
+      std::memcpy(&u0, du, 16);
+      std::memcpy(&w0, dv, 16);
+      u = u0 + u;
+      w = w0 + w;
+    }
+    put(du, u, stream);
+    put(dv, w, stream);
+  } else {
+    for (i64 k = 0; k < r; ++k) {
+      du[k] = Zero ? u[k] : du[k] + u[k];
+      dv[k] = Zero ? w[k] : dv[k] + w[k];
+    }
+  }
+}
 template <bool Zero, bool Stream, bool R4>
 AD_ALWAYS_INLINE void du_dv_rows(const float* __restrict A, const float* __restrict Bm, const float* x, const float* dy,
                                  float* du, float* dv, i64 D, i64 r, i64 n) {
@@ -728,37 +775,9 @@ AD_ALWAYS_INLINE void du_dv_rows(const float* __restrict A, const float* __restr
       F8 gv, xv;
       std::memcpy(&gv, g + c, 32);
       std::memcpy(&xv, xi + c, 32);
-      for (int k = 0; k < 4; ++k) {
-        F8 a, b;
-        std::memcpy(&a, A + k * D + c, 32);
-        std::memcpy(&b, Bm + k * D + c, 32);
-        acc[k] += gv * a;
-        acc[4 + k] += xv * b;
-      }
+      du_dv_acc(acc, gv, xv, A, Bm, D, c);
     }
-    F8 h[4], q0, q1;
-    for (int k = 0; k < 4; ++k) pair_sums(acc[2 * k], acc[2 * k + 1], h[k]);
-    pair_sums(h[0], h[1], q0);
-    pair_sums(h[2], h[3], q1);
-    const F8 t = __builtin_shufflevector(q0, q1, 0, 1, 2, 3, 8, 9, 10, 11) +
-                 __builtin_shufflevector(q0, q1, 4, 5, 6, 7, 12, 13, 14, 15);
-    F4v u = __builtin_shufflevector(t, t, 0, 1, 2, 3), w = __builtin_shufflevector(t, t, 4, 5, 6, 7);
-    if constexpr (R4) {
-      if constexpr (!Zero) {
-        F4v u0, w0;
-        std::memcpy(&u0, du + i * 4, 16);
-        std::memcpy(&w0, dv + i * 4, 16);
-        u = u0 + u;
-        w = w0 + w;
-      }
-      put(du + i * 4, u, Stream);
-      put(dv + i * 4, w, Stream);
-    } else {
-      for (i64 k = 0; k < r; ++k) {
-        du[i * r + k] = Zero ? u[k] : du[i * r + k] + u[k];
-        dv[i * r + k] = Zero ? w[k] : dv[i * r + k] + w[k];
-      }
-    }
+    du_dv_put<Zero, R4>(acc, du + i * r, dv + i * r, r, Stream);
   }
 }
 AD_SIMD_CLONES void sweep_du_dv(const float* A, const float* Bm, const float* x, const float* dy, float* du, float* dv,
@@ -772,6 +791,77 @@ AD_SIMD_CLONES void sweep_du_dv(const float* A, const float* Bm, const float* x,
     du_dv_rows<true, false, false>(A, Bm, x, dy, du, dv, D, r, n);
   } else {
     du_dv_rows<false, false, false>(A, Bm, x, dy, du, dv, D, r, n);
+  }
+}
+
+// The whole full backward of a run of rows where r <= 4 (f32, D a multiple
+// of 8, every gradient wanted, each row with a next row), in one sweep: per
+// row i, with dy_i, x_i and the next rows in registers,
+//   dx_i = (T^T dy)_i + sum_k v_i[k] G[k]          (G = U^T dy, the band as Band)
+//   du_i, dv_i as du_dv_rows (A = V^T x, G padded to four rows of D)
+//   dd_i += dy_i . x_i, dup_i += dy_i . x_{i+1}, dlo_i += dy_{i+1} . x_i
+// (the three band dots reduced by one fixed tree). The three sweeps it
+// replaces (the band's dots, dx's mix, du_dv_rows) each read the chunk's
+// rows again from L2 and paid their own per-row overhead; this one does
+// more work per row (a tree per row for the band's dots, where dot4 shares
+// one among four rows) and needs 16 vector registers plus temporaries.
+// Measured on an AMD EPYC (Zen 4) host, r = 4 (docs/benchmarks.md): with
+// the AVX-512 clone, D = 16, N = 2^22 60.5 -> 51.9 ms (medians), in cache
+// (N = 2^15) 3 % slower, D = 128 and 256 30 % faster; the AVX2 clone (16
+// registers) 27 % slower at D = 16 in cache, 10 % at D = 32 and 64, 30 %
+// faster at D = 128 and 256. Hence the default (set_cpu_backward_sweeps):
+// one sweep with AVX-512 or D >= 128. x, dy, dx: the run's first row; v:
+// its rows of V (r each); du, dv, dd, dup, dlo: the run's first row of each.
+template <bool Zero, bool R4>
+AD_ALWAYS_INLINE void bwd_rows(const float* __restrict A, const float* __restrict G, const Band<float>& band,
+                               const float* x, const float* dy, const float* v, float* dx, float* du, float* dv,
+                               float* dd, float* dup, float* dlo, i64 D, i64 r, i64 t0, i64 n, bool stream_dx,
+                               bool stream_uv) {
+  for (i64 t = t0; t < t0 + n; ++t) {
+    const float *g = dy + t * D, *xi = x + t * D, *vi = v + t * r;
+    F8 acc[8] = {}, bd = {}, bu = {}, bl = {};
+    for (i64 c = 0; c < D; c += 8) {
+      F8 gv, xv, gn, xn;
+      std::memcpy(&gv, g + c, 32);
+      std::memcpy(&xv, xi + c, 32);
+      std::memcpy(&gn, g + D + c, 32);
+      std::memcpy(&xn, xi + D + c, 32);
+      du_dv_acc(acc, gv, xv, A, G, D, c);
+      bd += gv * xv;
+      bu += gv * xn;
+      bl += gn * xv;
+      F8 y;
+      band.vec(y, dy, D, t, c);
+      const i64 kr = R4 ? 4 : r;
+      for (i64 k = 0; k < kr; ++k) {
+        F8 b;
+        std::memcpy(&b, G + k * D + c, 32);
+        y += vi[k] * b;
+      }
+      put(dx + t * D + c, y, stream_dx);
+    }
+    du_dv_put<Zero, R4>(acc, du + t * r, dv + t * r, r, stream_uv);
+    F8 h0, h1, q;
+    pair_sums(bd, bu, h0);
+    pair_sums(bl, F8{}, h1);
+    pair_sums(h0, h1, q);
+    const F4v s = __builtin_shufflevector(q, q, 0, 1, 2, 3) + __builtin_shufflevector(q, q, 4, 5, 6, 7);
+    dd[t] += s[0];
+    dup[t] += s[1];
+    dlo[t] += s[2];
+  }
+}
+AD_SIMD_CLONES void sweep_bwd_rows(const float* A, const float* G, const Band<float>& band, const float* x,
+                                   const float* dy, const float* v, float* dx, float* du, float* dv, float* dd,
+                                   float* dup, float* dlo, i64 D, i64 r, i64 t0, i64 n, bool zero, bool stream_dx,
+                                   bool stream_uv) {
+  if (r == 4) {
+    if (zero) bwd_rows<true, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, stream_uv);
+    else bwd_rows<false, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, stream_uv);
+  } else if (zero) {
+    bwd_rows<true, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, false);
+  } else {
+    bwd_rows<false, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, false);
   }
 }
 
@@ -871,6 +961,7 @@ template <class T> struct BackwardTask {
   const MatvecGrads<T>& g;
   const T *Sx, *Sg;
   bool stream_dx, stream_uv;  // rows of dx / of du and dv streamed past the cache
+  bool one_sweep;             // the full backward at r <= 4 as bwd_rows (set_cpu_backward_sweeps)
 };
 template <class T>
 AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, const T* Uc, const T* Vc) {
@@ -894,6 +985,14 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     for (i64 k = 0; k < r; ++k)
       for (i64 e = 0; e < D; ++e) Mt[static_cast<std::size_t>(e * r + k)] = W[k * D + e];
   };
+  // Wx, Wg as four rows of D each for the dot sweeps at r <= 4 (zero rows past r)
+  auto four_rows = [&](const T* wx, const T* wg) -> std::pair<const T*, const T*> {
+    if (r >= 4) return {wx, wg};
+    std::fill(M.begin(), M.end(), T(0));
+    std::copy(wx, wx + rD, M.begin());
+    std::copy(wg, wg + rD, M.begin() + 4 * D);
+    return {M.data(), M.data() + 4 * D};
+  };
   for (i64 b = 0; b < B; ++b) {
     const T *xb = x + (b * N + i0) * D, *gb = dy + (b * N + i0) * D;
     T* dxb = g.dx ? g.dx + (b * N + i0) * D : nullptr;
@@ -902,6 +1001,24 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
     const T* Wg = Sg + (b * nc + (causal ? c : 0)) * rD;
     // (T^T dy)_j: dx_j alone without U V^T, else its start in the sweeps below
     const Band<T> band{gb, causal ? nullptr : up, d, lo, i0, N};
+    if constexpr (std::is_same_v<T, float>) {
+      // every gradient of the full product at r <= 4: one sweep (bwd_rows)
+      if (tk.one_sweep && !causal && rank && r <= 4 && D % 8 == 0 && dxb && g.dd && g.dup && g.dlo && g.du && g.dv) {
+        const auto [A, Bm] = four_rows(Wx, Wg);
+        const bool zero = b == 0, stream_uv = tk.stream_uv && b + 1 == B;
+        const i64 nf = i0 + n < N ? n : n - 1;  // rows with a next row
+        sweep_bwd_rows(A, Bm, band, xb, gb, Vc, dxb, g.du + i0 * r, g.dv + i0 * r, g.dd + i0, g.dup + i0,
+                       g.dlo + i0, D, r, 0, nf, zero, tk.stream_dx, stream_uv);
+        if (nf < n) {  // the sequence's last row
+          const i64 t = n - 1;
+          g.dd[i0 + t] += dot(gb + t * D, xb + t * D, D);
+          sweep_mix(Wg, dxb, D, r, t, n, vrow, band, tk.stream_dx);
+          sweep_du_dv(A, Bm, xb + t * D, gb + t * D, g.du + (i0 + t) * r, g.dv + (i0 + t) * r, D, r, 1, zero,
+                      stream_uv);
+        }
+        continue;
+      }
+    }
     i64 t0 = 0;
     if constexpr (std::is_same_v<T, float>) {  // four rows at a time, each with a next row (same bits)
       const bool want_up = g.dup && !causal;
@@ -944,15 +1061,8 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
       if (dxb)
         sweep_mix(Wg, dxb, D, r, 0, n, vrow, band, tk.stream_dx);
       if constexpr (std::is_same_v<T, float>) {
-        if (g.du && g.dv && r <= 4 && D % 8 == 0) {  // A, Bm: Wx, Wg padded to four rows (r < 4)
-          const float *A = Wx, *Bm = Wg;
-          if (r < 4) {
-            std::fill(M.begin(), M.end(), 0.0f);
-            std::copy(Wx, Wx + rD, M.begin());
-            std::copy(Wg, Wg + rD, M.begin() + 4 * D);
-            A = M.data();
-            Bm = M.data() + 4 * D;
-          }
+        if (g.du && g.dv && r <= 4 && D % 8 == 0) {
+          const auto [A, Bm] = four_rows(Wx, Wg);
           sweep_du_dv(A, Bm, xb, gb, g.du + i0 * r, g.dv + i0 * r, D, r, n, acc.zero, tk.stream_uv && last_b);
           continue;
         }
@@ -1022,9 +1132,7 @@ template <class T, class UV> void total_sums(const Dims& dm, const T* x, const U
 }
 }  // namespace
 
-namespace {
-std::atomic<std::size_t> g_stream_min{0};  // 0: not yet read from the machine
-}  // namespace
+
 std::size_t stream_min_bytes() {
   std::size_t b = g_stream_min.load(std::memory_order_relaxed);
   if (b) return b;
@@ -1155,7 +1263,9 @@ void matvec_backward(const Dims& dm, bool causal, const T* x, const T* d, const 
   const bool stream_dx = g.dx && streams(static_cast<std::size_t>(B * N * D) * sizeof(T)) && rows_aligned(g.dx, D);
   const bool stream_uv = streams(static_cast<std::size_t>(2 * N * r) * sizeof(T)) && (!g.du || rows_aligned(g.du, r)) &&
                          (!g.dv || rows_aligned(g.dv, r));
-  BackwardTask<T> task{dm, causal, x, d, up, lo, dy, g, Sx, Sg, stream_dx, stream_uv};
+  const int sweeps = g_backward_sweeps.load(std::memory_order_relaxed);
+  const bool one_sweep = sweeps == 1 || (sweeps == 0 && (wide_vectors() || D >= 128));
+  BackwardTask<T> task{dm, causal, x, d, up, lo, dy, g, Sx, Sg, stream_dx, stream_uv, one_sweep};
   const RowSource<T> us = row_source<T>(u, N, r), vs = row_source<T>(v, N, r);
   parallel::parallel_for(nc, static_cast<double>(B * N * D * (6 * r + 10)),
                          [&](i64 c) { backward_chunk(task, us, vs, c); });

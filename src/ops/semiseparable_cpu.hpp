@@ -39,6 +39,13 @@ void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 // previous setting; for tests and benchmarks that compare them.
 int set_gpu_matvec_variant(int v);
 int gpu_matvec_variant();
+// How the full backward runs at r <= 4 (f32, D a multiple of 8, every
+// gradient wanted): 0 as the host and shape suit (the default: one sweep
+// over each chunk's rows where the CPU has AVX-512 or D >= 128, else three
+// sweeps: the band's dots, dx's mix, du and dv's dots), 1 one sweep always,
+// 2 three sweeps always. Results agree to rounding, not in bits. Returns the
+// previous setting; for tests and benchmarks that compare them.
+int set_cpu_backward_sweeps(int mode);
 
 // Workspace carving: regions of `n` elements, each rounded up to 64 bytes.
 struct Carve {
