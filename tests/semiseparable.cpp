@@ -279,42 +279,43 @@ TEST_CASE("semiseparable_matvec is deterministic and f32 tracks f64 at N = 4096"
 TEST_CASE("semiseparable_matvec f32 gradients match a dense H in f64 (r <= 4: du and dv as dot products)") {
   // f32, D a multiple of 8 and r <= 4: the full backward forms du and dv
   // together as dots over D (sweep_du_dv), rows summed over b; r < 4 pads
-  // to four rows; with every gradient wanted, either all in one sweep per
-  // chunk (bwd_rows; mode 1) or in three (mode 2), whichever the host would
-  // pick. Several chunks (N a multiple of the chunk or not: the sequence's
+  // to four rows; with every gradient wanted, all in one sweep per chunk
+  // (bwd_rows) or in three: both forced in turn (modes 1 and 2), whatever
+  // this host would pick by default. Several chunks (N a multiple of the chunk or not: the sequence's
   // last row has no next row), with and without W handed in.
   Rng rng(74);
   struct C { i64 B, N, D, r, chunk; };
   const C cases[] = {{1, 500, 8, 4, 64}, {2, 500, 16, 4, 100}, {2, 333, 16, 1, 50}, {3, 257, 24, 2, 0},
                      {2, 400, 8, 3, 70}, {2, 300, 16, 5, 60}, {2, 130, 128, 4, 40}, {1, 1, 16, 4, 0}};
-  for (int mode : {1, 2})
-  for (const C& c : cases)
-    for (bool causal : {false, true})
-      for (bool with_w : {false, true}) {
-        if (causal && with_w) continue;
-        const int was = ad::semisep::set_cpu_backward_sweeps(mode);
-        INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal "
-                  << causal << " W given " << with_w << " sweeps mode " << mode);
-        Sys s = random_sys(c.B, c.N, c.D, c.r, rng);
-        Tensor w = randn64({c.B, c.N, c.D}, rng);
-        PGraph g;
-        std::vector<Var> in;
-        for (const Tensor* t : {&s.x, &s.d, &s.up, &s.lo, &s.u, &s.v}) in.push_back(g.input(t->to(DType::f32)));
-        Var y = matvec_chunked(in, causal, c.chunk, with_w);
-        auto gr = grad(sum(mul(y, g.input(w.to(DType::f32)))), in);
-        DenseGrads dg = dense_grads(s, causal, w.to_vector());
-        check_close(eval(gr[0]).to_vector(), dg.dx, 1e-5, "dx");
-        check_close(eval(gr[1]).to_vector(), dg.dd, 1e-5, "dt_diag");
-        if (!causal) check_close(eval(gr[2]).to_vector(), dg.dup, 1e-5, "dt_upper");
-        check_close(eval(gr[3]).to_vector(), dg.dlo, 1e-5, "dt_lower");
-        check_close(eval(gr[4]).to_vector(), dg.du, 1e-5, "du");
-        check_close(eval(gr[5]).to_vector(), dg.dv, 1e-5, "dv");
-        // only some gradients wanted (not the one-sweep case)
-        auto some = grad(sum(mul(y, g.input(w.to(DType::f32)))), {in[0], in[4]});
-        check_close(eval(some[0]).to_vector(), dg.dx, 1e-5, "dx alone with du");
-        check_close(eval(some[1]).to_vector(), dg.du, 1e-5, "du alone with dx");
-        ad::semisep::set_cpu_backward_sweeps(was);
-      }
+  for (int mode : {1, 2}) {
+    const int was = ad::semisep::set_cpu_backward_sweeps(mode);
+    for (const C& c : cases)
+      for (bool causal : {false, true})
+        for (bool with_w : {false, true}) {
+          if (causal && with_w) continue;
+          INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal "
+                    << causal << " W given " << with_w << " sweeps mode " << mode);
+          Sys s = random_sys(c.B, c.N, c.D, c.r, rng);
+          Tensor w = randn64({c.B, c.N, c.D}, rng);
+          PGraph g;
+          std::vector<Var> in;
+          for (const Tensor* t : {&s.x, &s.d, &s.up, &s.lo, &s.u, &s.v}) in.push_back(g.input(t->to(DType::f32)));
+          Var y = matvec_chunked(in, causal, c.chunk, with_w);
+          auto gr = grad(sum(mul(y, g.input(w.to(DType::f32)))), in);
+          DenseGrads dg = dense_grads(s, causal, w.to_vector());
+          check_close(eval(gr[0]).to_vector(), dg.dx, 1e-5, "dx");
+          check_close(eval(gr[1]).to_vector(), dg.dd, 1e-5, "dt_diag");
+          if (!causal) check_close(eval(gr[2]).to_vector(), dg.dup, 1e-5, "dt_upper");
+          check_close(eval(gr[3]).to_vector(), dg.dlo, 1e-5, "dt_lower");
+          check_close(eval(gr[4]).to_vector(), dg.du, 1e-5, "du");
+          check_close(eval(gr[5]).to_vector(), dg.dv, 1e-5, "dv");
+          // only some gradients wanted (not the one-sweep case)
+          auto some = grad(sum(mul(y, g.input(w.to(DType::f32)))), {in[0], in[4]});
+          check_close(eval(some[0]).to_vector(), dg.dx, 1e-5, "dx alone with du");
+          check_close(eval(some[1]).to_vector(), dg.du, 1e-5, "du alone with dx");
+        }
+    ad::semisep::set_cpu_backward_sweeps(was);
+  }
 }
 
 TEST_CASE("semiseparable_matvec causal at N = 300000 (several cache groups) matches a sequential prefix scan") {
