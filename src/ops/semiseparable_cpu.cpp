@@ -815,9 +815,9 @@ AD_SIMD_CLONES void sweep_du_dv(const float* A, const float* Bm, const float* x,
 template <bool Zero, bool R4>
 AD_ALWAYS_INLINE void bwd_rows(const float* __restrict A, const float* __restrict G, const Band<float>& band,
                                const float* x, const float* dy, const float* v, float* dx, float* du, float* dv,
-                               float* dd, float* dup, float* dlo, i64 D, i64 r, i64 t0, i64 n, bool stream_dx,
+                               float* dd, float* dup, float* dlo, i64 D, i64 r, i64 n, bool stream_dx,
                                bool stream_uv) {
-  for (i64 t = t0; t < t0 + n; ++t) {
+  for (i64 t = 0; t < n; ++t) {
     const float *g = dy + t * D, *xi = x + t * D, *vi = v + t * r;
     F8 acc[8] = {}, bd = {}, bu = {}, bl = {};
     for (i64 c = 0; c < D; c += 8) {
@@ -853,15 +853,15 @@ AD_ALWAYS_INLINE void bwd_rows(const float* __restrict A, const float* __restric
 }
 AD_SIMD_CLONES void sweep_bwd_rows(const float* A, const float* G, const Band<float>& band, const float* x,
                                    const float* dy, const float* v, float* dx, float* du, float* dv, float* dd,
-                                   float* dup, float* dlo, i64 D, i64 r, i64 t0, i64 n, bool zero, bool stream_dx,
+                                   float* dup, float* dlo, i64 D, i64 r, i64 n, bool zero, bool stream_dx,
                                    bool stream_uv) {
   if (r == 4) {
-    if (zero) bwd_rows<true, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, stream_uv);
-    else bwd_rows<false, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, stream_uv);
+    if (zero) bwd_rows<true, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, n, stream_dx, stream_uv);
+    else bwd_rows<false, true>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, n, stream_dx, stream_uv);
   } else if (zero) {
-    bwd_rows<true, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, false);
+    bwd_rows<true, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, n, stream_dx, false);
   } else {
-    bwd_rows<false, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, t0, n, stream_dx, false);
+    bwd_rows<false, false>(A, G, band, x, dy, v, dx, du, dv, dd, dup, dlo, D, r, n, stream_dx, false);
   }
 }
 
@@ -1008,7 +1008,7 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
         const bool zero = b == 0, stream_uv = tk.stream_uv && b + 1 == B;
         const i64 nf = i0 + n < N ? n : n - 1;  // rows with a next row
         sweep_bwd_rows(A, Bm, band, xb, gb, Vc, dxb, g.du + i0 * r, g.dv + i0 * r, g.dd + i0, g.dup + i0,
-                       g.dlo + i0, D, r, 0, nf, zero, tk.stream_dx, stream_uv);
+                       g.dlo + i0, D, r, nf, zero, tk.stream_dx, stream_uv);
         if (nf < n) {  // the sequence's last row
           const i64 t = n - 1;
           g.dd[i0 + t] += dot(gb + t * D, xb + t * D, D);
