@@ -122,6 +122,84 @@ TEST_CASE("nn optim parameters without gradient are skipped") {
   CHECK(names == std::vector<std::string>{"step", "a.step", "a.exp_avg", "a.exp_avg_sq"});
 }
 
+// One test per optimizer: a parameter that the step's loss did not reach
+// (zero_grad() ran, nothing wrote its gradient since) keeps its value, its
+// slots and its update count, even when its stale gradient is read.
+template <class Opt, class Options> void check_unreached_is_skipped(Options o) {
+  Parameter a = param({1.0}, DType::f64, "a"), b = param({2.0}, DType::f64, "b");
+  Opt opt(nn::NamedParameters{{"a", a}, {"b", b}}, o);
+  set_grads({a, b}, {{1.0}, {1.0}});
+  opt.step();
+  opt.zero_grad();
+  set_grads({a}, {{1.0}});  // b is not in this loss
+  CHECK(b.has_grad());      // the buffer is kept ...
+  CHECK_FALSE(b.has_fresh_grad());  // ... but it holds no gradient of this step
+  CHECK(a.has_fresh_grad());
+  const double b1 = b.value().item(), a1 = a.value().item();
+  auto state_of = [&](const std::string& prefix) {
+    std::vector<std::pair<std::string, std::vector<double>>> out;
+    for (auto& nt : opt.state())
+      if (nt.first.rfind(prefix, 0) == 0) out.emplace_back(nt.first, nt.second.to(DType::f64).to_vector());
+    return out;
+  };
+  auto before = state_of("b.");
+  REQUIRE_FALSE(before.empty());
+  CHECK(b.grad().item() == 0.0);  // reading the stale gradient gives zeros and does not make it fresh
+  CHECK_FALSE(b.has_fresh_grad());
+  opt.step();
+  CHECK(b.value().item() == b1);
+  CHECK(state_of("b.") == before);
+  CHECK(a.value().item() != a1);
+  // the next backward that reaches b steps it again
+  opt.zero_grad();
+  set_grads({a, b}, {{1.0}, {1.0}});
+  opt.step();
+  CHECK(b.value().item() != b1);
+}
+
+TEST_CASE("nn optim a parameter no loss reached since zero_grad is not stepped") {
+  nn::SGDOptions s;
+  s.lr = 0.1;
+  s.momentum = 0.9;
+  s.weight_decay = 0.01;
+  check_unreached_is_skipped<nn::SGD>(s);
+  nn::AdamOptions ad;
+  ad.weight_decay = 0.01;
+  check_unreached_is_skipped<nn::Adam>(ad);
+  check_unreached_is_skipped<nn::AdamW>(nn::adamw_defaults());
+}
+
+TEST_CASE("nn optim one parameter under two names (tied weights) is stepped once") {
+  Parameter a = param({1.0}, DType::f64, "a");
+  nn::SGDOptions o;
+  o.lr = 0.1;
+  nn::SGD opt(nn::NamedParameters{{"embed.weight", a}, {"head.weight", a}}, o);
+  REQUIRE(opt.params().size() == 1);
+  CHECK(opt.params()[0].first == "embed.weight");
+  set_grads({a}, {{1.0}});
+  opt.step();
+  CHECK(a.value().item() == 0.9);
+  CHECK(nn::grad_norm({a, a}) == 1.0);
+  CHECK(nn::clip_grad_norm(std::vector<Parameter>{a, a}, 0.5) == 1.0);
+  CHECK(a.grad().item() == doctest::Approx(0.5 / (1.0 + 1e-6)).epsilon(1e-15));  // scaled once
+  nn::AdamW adamw(nn::NamedParameters{{"x", a}, {"y", a}});
+  adamw.step();
+  std::size_t slots = 0;
+  for (auto& nt : adamw.state()) slots += nt.first != "step";
+  CHECK(slots == 3);  // x.step, x.exp_avg, x.exp_avg_sq: one set
+  // two different parameters under one name stay an error
+  Parameter b = param({1.0}, DType::f64, "b");
+  CHECK_THROWS_WITH_AS(nn::SGD(nn::NamedParameters{{"w", a}, {"w", b}}, o), doctest::Contains("repeated"), ad::Error);
+}
+
+TEST_CASE("nn optim names by index never collide with a parameter's own name") {
+  Parameter named = param({1.0}, DType::f64, "1"), u1 = param({1.0}, DType::f64, ""), u2 = param({1.0}, DType::f64, "");
+  nn::SGD opt(std::vector<Parameter>{named, u1, u2});
+  std::vector<std::string> names;
+  for (auto& np : opt.params()) names.push_back(np.first);
+  CHECK(names == std::vector<std::string>{"1", "_1", "2"});
+}
+
 TEST_CASE("nn optim clip_grad_norm") {
   Parameter a = param({3.0, 0.0}, DType::f64, "a"), b = param({0.0}, DType::f32, "b"), c = param({5.0}, DType::f64, "c");
   set_grads({a, b}, {{3.0, 0.0}, {4.0}});

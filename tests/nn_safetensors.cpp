@@ -5,6 +5,7 @@
 
 #include "test_util.hpp"
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <csignal>
 #include <cstring>
@@ -299,6 +300,33 @@ TEST_CASE("nn safetensors save is atomic") {
   ad::save_safetensors(path, {{"new", Tensor::zeros({2})}});
   CHECK(ad::load_safetensors(path).find("new") != nullptr);
   CHECK(dir.entries() == 1);
+}
+
+TEST_CASE("nn safetensors save through a symbolic link replaces its target and keeps permissions") {
+  TempDir dir;
+  const std::string target = dir.file("step_5.safetensors"), link = dir.file("latest.safetensors");
+  ad::save_safetensors(target, {{"old", Tensor::ones({2})}});
+  REQUIRE(::chmod(target.c_str(), 0600) == 0);
+  fs::create_symlink("step_5.safetensors", link);  // relative, as `ln -s` makes it
+  ad::save_safetensors(link, {{"new", Tensor::zeros({3})}});
+  CHECK(fs::is_symlink(link));  // the link stays a link ...
+  CHECK(ad::load_safetensors(target).find("new") != nullptr);  // ... and its target has the new contents
+  struct stat st {};
+  REQUIRE(::stat(target.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(dir.entries() == 2);  // no temporary file left
+  // a new file gets the usual mode (0666 less the umask); a dangling link's target is created
+  const std::string fresh = dir.file("made.safetensors");
+  fs::create_symlink("made.safetensors", dir.file("to_made.safetensors"));
+  ad::save_safetensors(dir.file("to_made.safetensors"), {{"x", Tensor::ones({1})}});
+  CHECK(fs::is_regular_file(fresh));
+  CHECK(fs::is_symlink(dir.file("to_made.safetensors")));
+  // a loop of links: an ad::Error, nothing written
+  fs::create_symlink("b.safetensors", dir.file("a.safetensors"));
+  fs::create_symlink("a.safetensors", dir.file("b.safetensors"));
+  CHECK_THROWS_WITH_AS(ad::save_safetensors(dir.file("a.safetensors"), {{"x", Tensor::ones({1})}}),
+                       doctest::Contains("symbolic links"), ad::Error);
+  CHECK(dir.entries() == 6);
 }
 
 TEST_CASE("nn safetensors module, optimizer and checkpoint files") {

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
                                 {{"step", std::to_string(step)}, {"data_offset", std::to_string(data.offset())}});
     }
     // [end snippet]
+    if (po.start_step >= steps) {
+      fmt::print("nothing to do: {} is at step {} of {}\n", ckpt, po.start_step, steps);
+      return 0;
+    }
     progress.finish();
     ad::SafeTensors st = ad::load_safetensors(ckpt);
     fmt::print("final loss {:.5f}; {} holds {} tensors at step {}\n", loss_value, ckpt, st.tensors.size(),

@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -232,6 +233,11 @@ int main(int argc, char** argv) {
     std::int64_t first = 1;
     if (!o.resume.empty()) {
       ad::Metadata md = ad::nn::load_checkpoint(o.resume, model, opt);
+      // the data stream is the task's and the seed's: resuming another one trains on other data
+      for (const auto& [key, want] : {std::pair<std::string, std::string>{"task", o.task}, {"seed", std::to_string(o.seed)}})
+        if (md.count(key) && md.at(key) != want)
+          throw ad::Error(fmt::format("--resume {}: the checkpoint was made with --{} {}, this run has --{} {}", o.resume,
+                                      key, md.at(key), key, want));
       first = std::atoll(md.at("step").c_str()) + 1;
       rng.reserve(std::strtoull(md.at("data_offset").c_str(), nullptr, 10));
       fmt::print("resumed from {} at step {}\n", o.resume, first - 1);

@@ -18,7 +18,8 @@ struct AttentionOptions {
   // Multiplies q k^T; default 1 / sqrt(d). Must be finite.
   std::optional<double> scale;
   // Optional i64 [B]: keys j >= key_lengths[b] of batch element b are masked
-  // (padding). Undefined Var = no padding. Values outside [0, Nk] throw
+  // (padding) and never read: padding may hold anything, NaN included, in
+  // the forward and the backward. Undefined Var = no padding. Values outside [0, Nk] throw
   // ad::Error when the op runs. Combined with `causal`, a query sees the keys
   // allowed by both masks.
   Var key_lengths;

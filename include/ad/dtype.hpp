@@ -33,7 +33,7 @@ constexpr const char* dtype_name(DType t) {
   return "?";
 }
 constexpr bool is_compute_float(DType t) { return t == DType::f32 || t == DType::f64; }
-constexpr bool is_floating(DType t) { return t != DType::i64; }
+constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
 
 template <class T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };

@@ -48,6 +48,11 @@ class Parameter {
   // backward() that reaches this parameter.
   const Tensor& grad() const;
   bool has_grad() const;
+  // A backward() (or a data-parallel gradient reduce) has written into grad()
+  // since the last zero_grad(). Optimizers step only these parameters, so one
+  // that no loss reached this step (an unused branch, a frozen head) keeps its
+  // value and optimizer state, as a PyTorch parameter whose grad is None.
+  bool has_fresh_grad() const;
   // Sets the gradient to zero, keeping its buffer. The zeros are written
   // lazily: the next backward() writes the new gradient straight into the
   // buffer (no fill and no add), and grad() fills it if read first. So a

@@ -44,7 +44,9 @@ std::vector<std::uint8_t> serialize_safetensors(const NamedTensors& tensors, con
 // file in the same directory, flushed to disk (fsync), then renamed over
 // `path`. If anything fails, `path` is untouched (an existing file keeps its
 // old contents), the temporary file is removed, and ad::Error names the
-// path and the system's reason.
+// path and the system's reason. Where `path` is a symbolic link, the file it
+// leads to is replaced (the link stays); a replaced file keeps its
+// permission bits.
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
 
 // Parses a safetensors file held in memory. Every field is validated against

@@ -88,21 +88,27 @@ struct RunStats {
 // shape or dtype differs from its parameter's).
 RunStats execute(GraphImpl& g, const Schedule& s);
 
-// A schedule together with the graph it was made for.
+// A schedule together with the graph it was made for. A plan does not keep
+// its graph alive (a Report of the last step would otherwise hold every
+// value that step kept); `graph_alive` expires with the graph, and explain()
+// and to_dot() throw ad::Error for a plan whose graph is gone.
 struct Plan {
   GraphImpl* graph = nullptr;
   Schedule schedule;
+  std::weak_ptr<const void> graph_alive;
 };
 
 // Per node of the plan's graph that the schedule computes: what happens to
-// its value and why, one line each (a markdown table).
+// its value and why, one line each (a markdown table). Call it while the
+// plan's ad::Graph exists (ad::Error afterwards).
 std::string explain(const Plan& plan);
 
 // Graphviz DOT of the nodes a plan computes (and the leaves they read): each
 // node's op, value (dtype and shape), bytes, and its fate under the plan —
 // kept (green), deleted and recomputed (salmon), gradient freed after use
 // (blue, dashed), leaves (grey / gold for parameters). `dot -Tsvg` draws it.
-// Throws ad::Error for an empty plan or a plan made for another graph.
+// Throws ad::Error for an empty plan, a plan made for another graph or one
+// whose graph has been destroyed.
 std::string to_dot(const Plan& plan);
 std::string to_dot(const Graph& graph, const Plan& plan);
 // Every node of a graph, without a plan.

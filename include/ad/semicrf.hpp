@@ -12,8 +12,9 @@
 //   S[s+k,c] - S[s,c] + D[k-1,c] + (first segment ? P[c] : Tr[c',c] or Tr[k-1,c',c])
 // where c' is the previous segment's label. A segmentation of 0..L[b]-1 scores
 // the sum over its segments; logZ[b] = log sum over all segmentations of exp(score).
-// -inf scores mean "forbidden": a sequence with no allowed segmentation has
-// logZ = -inf, zero gradients and zero marginals (never NaN).
+// -inf in Tr, D or P means "forbidden": a sequence with no allowed
+// segmentation has logZ = -inf, zero gradients and zero marginals (never
+// NaN). Position scores (semicrf_cumulative's input) must be finite.
 //
 // Segments encoding (gold segmentations, Viterbi output): i64 (B, T) with
 // segments[b, t] = c where a segment of label c starts at t, and -1 at every
@@ -31,7 +32,8 @@ namespace ad {
 // mean of scores[b] over t and c. The shift by one constant per sequence
 // keeps the sums small and changes every segmentation of b by the same
 // -L[b]·m_b: logZ and score shift alike; NLL = logZ - score, marginals and
-// Viterbi do not change. Differentiable.
+// Viterbi do not change. Differentiable. A non-finite score throws ad::Error
+// (at run time) naming b, t and c: prefix sums cannot hold -inf.
 Var semicrf_cumulative(const Operand& scores);
 
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward

@@ -31,10 +31,23 @@ class Shape {
     d_[static_cast<std::size_t>(rank_++)] = d;
   }
   void pop_back() { --rank_; }
+  // The product of the dimensions; INT64_MAX where it does not fit in 64 bits
+  // (no shape has that many elements of 2 or more bytes: every builder of
+  // tensors and nodes rejects it by its byte count, fits_bytes below).
   std::int64_t numel() const {
     std::int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= d_[static_cast<std::size_t>(i)];
-    return n;
+    bool over = false;
+    for (int i = 0; i < rank_; ++i) {
+      std::int64_t d = d_[static_cast<std::size_t>(i)];
+      if (d == 0) return 0;
+      over |= __builtin_mul_overflow(n, d, &n);
+    }
+    return over ? INT64_MAX : n;
+  }
+  // numel() elements of `elem_bytes` each fit in a 64-bit byte count.
+  bool fits_bytes(std::int64_t elem_bytes) const {
+    std::int64_t b;
+    return !__builtin_mul_overflow(numel(), elem_bytes, &b);
   }
   std::vector<std::int64_t> vec() const { return {begin(), end()}; }
   friend bool operator==(const Shape& a, const Shape& b) {

@@ -73,7 +73,8 @@ class Revolver {
     }
     // step of each gradient node: the forward step whose reversal runs it
     step_.assign(static_cast<std::size_t>(p.hi + 1), 0);
-    by_step_.assign(static_cast<std::size_t>(l_ + 1), {});
+    // (with no forward step left to run, l_ = 0, every gradient node goes to slot 1)
+    by_step_.assign(static_cast<std::size_t>(std::max<std::int64_t>(l_, 1) + 1), {});
     uses_left_.assign(static_cast<std::size_t>(p.hi + 1), 0);
     for (auto id : p.order) {
       if (id <= p.boundary) continue;
@@ -97,6 +98,7 @@ class Revolver {
   // nullopt once the schedule recomputes more than the cost cap
   std::optional<Schedule> run() {
     if (l_ > 0) reverse(0, l_, slots_);
+    else run_grads(1);  // the forward values are all present (a second backward, a loss already evaluated)
     if (b_.over_cap()) return std::nullopt;
     return b_.finish();
   }
@@ -122,6 +124,11 @@ class Revolver {
   // fused step: x_i from x_{i-1}, then step i's gradient nodes
   void reverse_step(std::int64_t i) {
     run_step(i);
+    run_grads(i);
+    drop(i);
+  }
+  // step i's gradient nodes, each input freed after its last use
+  void run_grads(std::int64_t i) {
     for (auto id : by_step_[static_cast<std::size_t>(i)]) {
       b_.compute(id);
       for (auto in : p_.g.node(id).inputs) {
@@ -130,7 +137,6 @@ class Revolver {
       }
       if (uses_left_[static_cast<std::size_t>(id)] == 0) b_.free(id);
     }
-    drop(i);
   }
   // reverses steps b..a+1; x_a is held; s snapshots including x_a's
   void reverse(std::int64_t a, std::int64_t b, std::int64_t s) {

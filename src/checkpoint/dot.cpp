@@ -88,11 +88,14 @@ std::string write_dot(const GraphImpl& g, const planner::Fates* f, const Schedul
 
 std::string to_dot(const Plan& plan) {
   if (!plan.graph) throw Error("to_dot: empty plan");
+  if (plan.graph_alive.expired())
+    throw Error("to_dot: the plan's graph has been destroyed; call to_dot(plan) while its ad::Graph exists");
   const planner::Fates f = planner::fates(plan.schedule);
   return write_dot(*plan.graph, &f, &plan.schedule);
 }
 std::string to_dot(const Graph& graph, const Plan& plan) {
-  if (plan.graph != &graph.impl()) throw Error("to_dot: the plan was made for another graph");
+  if (plan.graph != &graph.impl() || plan.graph_alive.expired())
+    throw Error("to_dot: the plan was made for another graph");
   return to_dot(plan);
 }
 std::string to_dot(const Graph& graph) { return write_dot(graph.impl(), nullptr, nullptr); }

@@ -8,6 +8,8 @@ namespace ad {
 
 std::string explain(const Plan& plan) {
   if (!plan.graph) throw Error("explain: empty plan");
+  if (plan.graph_alive.expired())
+    throw Error("explain: the plan's graph has been destroyed; call explain(plan) while its ad::Graph exists");
   const GraphImpl& g = *plan.graph;
   const Schedule& s = plan.schedule;
   const planner::Fates f = planner::fates(s);

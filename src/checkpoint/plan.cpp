@@ -14,30 +14,33 @@
 
 namespace ad {
 
-std::string Policy::name() const {
-  switch (kind) {
-    case Kind::keep_all: return "keep_all";
-    case Kind::manual: return "manual";
-    case Kind::uniform: return fmt::format("uniform({})", every);
-    case Kind::sqrt_n: return "sqrt_n";
-    case Kind::selective: return "selective";
-    case Kind::budget: return fmt::format("budget({} B)", budget_bytes);
-    case Kind::optimal_chain: return fmt::format("optimal_chain({})", slots);
+namespace {
+std::string base_name(const Policy& p) {
+  switch (p.kind) {
+    case Policy::Kind::keep_all: return "keep_all";
+    case Policy::Kind::manual: return "manual";
+    case Policy::Kind::uniform: return fmt::format("uniform({})", p.every);
+    case Policy::Kind::sqrt_n: return "sqrt_n";
+    case Policy::Kind::selective: return "selective";
+    case Policy::Kind::budget: return fmt::format("budget({} B)", p.budget_bytes);
+    case Policy::Kind::optimal_chain: return fmt::format("optimal_chain({})", p.slots);
   }
   return "?";
 }
-std::string policy_name(const Policy& p) {
-  std::string n = p.name();
-  if (p.offload) n += "+offload";
-  return p.compress == DType::f32 ? n : fmt::format("{}+{}", n, dtype_name(p.compress));
+}  // namespace
+std::string Policy::name() const {
+  std::string n = base_name(*this);
+  if (offload) n += "+offload";
+  return compress == DType::f32 ? n : fmt::format("{}+{}", n, dtype_name(compress));
 }
+std::string policy_name(const Policy& p) { return p.name(); }
 
 Policy Policy::compressed(DType storage) const {
   if (storage != DType::f16 && storage != DType::bf16)
     throw Error(fmt::format("Policy::compressed: storage dtype must be f16 or bf16, got {}", dtype_name(storage)));
   if (kind == Kind::budget || kind == Kind::optimal_chain)
     throw Error(fmt::format("Policy::compressed: not available for {}", name()));
-  if (offload) throw Error(fmt::format("Policy::compressed: not available with host offload ({})", policy_name(*this)));
+  if (offload) throw Error(fmt::format("Policy::compressed: not available with host offload ({})", name()));
   Policy p = *this;
   p.compress = storage;
   p.cache = std::make_shared<PlanCache>();  // plans differ from the uncompressed policy's
@@ -48,7 +51,7 @@ Policy Policy::offloaded() const {
   if (kind == Kind::budget || kind == Kind::optimal_chain)
     throw Error(fmt::format("Policy::offloaded: not available for {}", name()));
   if (compress != DType::f32)
-    throw Error(fmt::format("Policy::offloaded: not available with compression ({})", policy_name(*this)));
+    throw Error(fmt::format("Policy::offloaded: not available with compression ({})", name()));
   Policy p = *this;
   p.offload = true;
   p.cache = std::make_shared<PlanCache>();  // plans differ from the policy's without offload
@@ -183,7 +186,16 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   Schedule s;
   if (policy.cache) {
     key = PlanCache::key(g, targets, sinks);
-    key.push_back(policy.reuse_buffers);  // a copy of the policy may switch it
+    // copies share the cache, and a copy may change any setting: every one is
+    // part of the key (a selective policy's `keep` function cannot be: give a
+    // new predicate its own policy::selective)
+    key.push_back(static_cast<std::uint64_t>(policy.kind));
+    key.push_back(static_cast<std::uint64_t>(policy.every));
+    key.push_back(static_cast<std::uint64_t>(policy.budget_bytes));
+    key.push_back(static_cast<std::uint64_t>(static_cast<std::uint32_t>(policy.slots)));
+    key.push_back(static_cast<std::uint64_t>(policy.compress));
+    key.push_back(policy.offload);
+    key.push_back(policy.reuse_buffers);
     if (policy.cache->find(key, s)) {
       s.sinks.clear();  // the cached plan's steps, this call's parameters
       for (const auto& sk : sinks) s.sinks.push_back(sk.param);

@@ -111,7 +111,7 @@ Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
       e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
     it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
   }
-  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy)};
+  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy), g.alive};
 }
 
 Report backward(const Var& loss, const Policy& policy, const Var& seed) {

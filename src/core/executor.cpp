@@ -22,6 +22,7 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
   if (!(v.shape() == s.value.shape()) || v.dtype() != s.value.dtype())
     throw Error(fmt::format("execute: gradient {}{} does not match parameter {}{}", dtype_name(v.dtype()),
                             v.shape().str(), dtype_name(s.value.dtype()), s.value.shape().str()));
+  s.grad_fresh = true;
   if (!s.grad.defined()) {
     s.grad = v.clone(default_allocator(v.device()));
     return;
@@ -72,7 +73,106 @@ class Runner {
     for (const Step& st : s_.steps)
       if (st.kind == Step::Kind::compute && st.node >= 0 && static_cast<std::size_t>(st.node) < g_.nodes.size())
         g_.node(st.node).last_run_computes = 0;
-    for (const Step& st : s_.steps) {
+    prepare_rollback();
+    try {
+      run_steps();
+    } catch (...) {
+      try {
+        settle();  // no copy in flight may outlive the values dropped next
+      } catch (...) {
+      }
+      rollback();
+      throw;
+    }
+    settle();
+    // values the guard recomputed that the schedule did not keep
+    for (auto id : extra_)
+      if (std::find(target_.begin(), target_.end(), id) == target_.end()) {
+        if (trace_) note_release(id, g_.node(id).value, TraceEvent::Kind::free);
+        g_.node(id).value = Tensor{};
+      }
+    if (trace_) mark_live();
+    r_.measured_peak_bytes = g_.alloc->peak_bytes() - r_.baseline_bytes;
+    r_.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r_;
+  }
+
+ private:
+  // ---- a run that fails leaves no trace ----
+  // A kernel may throw on its data (a label out of range), an allocation may
+  // fail: the parameters' gradients are then as they were before the run
+  // (a budget plan may add a gradient before the last forward step runs),
+  // and the values the run computed are dropped (the graph's memory is what
+  // it was, so the same plan fits again).
+  struct SinkBefore {
+    bool had = false, zero = false, fresh = false;
+    Tensor copy;  // a gradient's contents, copied before the run first changed them
+  };
+  std::vector<SinkBefore> sink_before_;
+  std::vector<char> had_value_;
+  std::size_t last_fwd_step_ = 0, step_ = 0;
+  bool any_fwd_step_ = false;
+
+  void prepare_rollback() {
+    sink_before_.assign(s_.sinks.size(), {});
+    for (std::size_t k = 0; k < s_.sinks.size(); ++k)
+      if (s_.sinks[k].defined()) {
+        const ParamState& ps = *s_.sinks[k].state();
+        sink_before_[k] = {ps.grad.defined(), ps.grad_zero, ps.grad_fresh, {}};
+      }
+    std::int32_t fwd_end = -1;  // forward nodes: up to the last target (gradient nodes come after it)
+    for (auto t : s_.targets) fwd_end = std::max(fwd_end, t);
+    had_value_.assign(g_.nodes.size(), 0);
+    for (std::size_t i = 0; i < s_.steps.size(); ++i) {
+      const Step& st = s_.steps[i];
+      if (st.kind != Step::Kind::compute || st.node < 0 || static_cast<std::size_t>(st.node) >= g_.nodes.size()) continue;
+      had_value_[static_cast<std::size_t>(st.node)] = g_.node(st.node).value.defined();
+      if (st.node <= fwd_end) {
+        last_fwd_step_ = i;
+        any_fwd_step_ = true;
+      }
+    }
+  }
+  // Before the run first changes sinks[k]'s gradient: a gradient holding
+  // contents (accumulated by earlier backward calls, not zeroed) is copied
+  // where a forward step still follows. Later steps are gradient kernels,
+  // which check nothing the forward did not: such a copy of every gradient
+  // would cost a parameter's memory each step for nothing.
+  void save_sink(std::int32_t k) {
+    if (k < 0 || static_cast<std::size_t>(k) >= sink_before_.size()) return;
+    SinkBefore& b = sink_before_[static_cast<std::size_t>(k)];
+    if (b.copy.defined() || !b.had || b.zero || !any_fwd_step_ || step_ > last_fwd_step_) return;
+    const ParamState& ps = *s_.sinks[static_cast<std::size_t>(k)].state();
+    if (ps.grad.defined() && !ps.grad_zero) b.copy = ps.grad.clone();
+  }
+  void rollback() noexcept {
+    try {
+      for (std::size_t k = 0; k < sink_before_.size(); ++k) {
+        if (!s_.sinks[k].defined()) continue;
+        ParamState& ps = *s_.sinks[k].state();
+        const SinkBefore& b = sink_before_[k];
+        if (!b.had) {
+          ps.grad = Tensor{};
+          ps.grad_zero = false;
+        } else if (b.zero) {
+          ps.grad_zero = true;  // reads as zeros again, whatever the run wrote
+        } else if (b.copy.defined()) {
+          ps.grad.copy_from(b.copy);
+        } else {
+          continue;  // not changed before the failure (or only by gradient steps after the forward ones)
+        }
+        ps.grad_fresh = b.fresh;
+      }
+      for (std::size_t id = 0; id < had_value_.size() && id < g_.nodes.size(); ++id)
+        if (g_.nodes[id].last_run_computes > 0 && !had_value_[id]) g_.nodes[id].value = Tensor{};
+    } catch (...) {
+    }
+  }
+
+  void run_steps() {
+    for (std::size_t si = 0; si < s_.steps.size(); ++si) {
+      const Step& st = s_.steps[si];
+      step_ = si;
       if (st.node < 0 || static_cast<std::size_t>(st.node) >= g_.nodes.size())
         throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
       Node& nd = g_.node(st.node);
@@ -80,6 +180,7 @@ class Runner {
         case Step::Kind::compute:
           if (st.aux >= 0 && static_cast<std::size_t>(st.aux) >= s_.sinks.size())
             throw Error(fmt::format("execute: compute step names sink {} of {}", st.aux, s_.sinks.size()));
+          save_sink(st.aux);
           compute(st.node, st.aux, st.reuse);
           break;
         case Step::Kind::free:
@@ -99,6 +200,7 @@ class Runner {
             throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
           arrived(st.node);
+          save_sink(st.aux);
           {
             double ts = trace_ ? trace_->now_us() : 0;
             const Parameter& sink = s_.sinks[static_cast<std::size_t>(st.aux)];
@@ -133,20 +235,8 @@ class Runner {
         case Step::Kind::prefetch: prefetch(st.node); break;
       }
     }
-    settle();
-    // values the guard recomputed that the schedule did not keep
-    for (auto id : extra_)
-      if (std::find(target_.begin(), target_.end(), id) == target_.end()) {
-        if (trace_) note_release(id, g_.node(id).value, TraceEvent::Kind::free);
-        g_.node(id).value = Tensor{};
-      }
-    if (trace_) mark_live();
-    r_.measured_peak_bytes = g_.alloc->peak_bytes() - r_.baseline_bytes;
-    r_.run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return r_;
   }
 
- private:
   // into >= 0: the node is sinks[into]'s gradient; when that parameter's
   // gradient is still writable (absent or zeroed) the kernel writes straight
   // into it, allocating nothing in the graph.
@@ -235,6 +325,7 @@ class Runner {
     if (dst) {
       dst->grad = out;
       dst->grad_zero = false;
+      dst->grad_fresh = true;
     }
     nd.value = std::move(out);
     if (trace_) {

@@ -44,9 +44,14 @@ const std::string& Parameter::name() const { return checked(s_).name; }
 Tensor& Parameter::value() const { return checked(s_).value; }
 const Tensor& Parameter::grad() const { return checked(s_).grad_now(); }
 bool Parameter::has_grad() const { return checked(s_).grad.defined(); }
+bool Parameter::has_fresh_grad() const {
+  const auto& s = checked(s_);
+  return s.grad.defined() && s.grad_fresh;
+}
 void Parameter::zero_grad() const {
   auto& s = checked(s_);
   if (s.grad.defined()) s.grad_zero = true;  // filled lazily (grad_now), or overwritten by the next backward
+  s.grad_fresh = false;
 }
 
 // ---- GraphImpl ----
@@ -185,6 +190,9 @@ Var make_node(OpId op, std::span<const Operand> inputs, const Attrs& attrs) {
   for (std::size_t i = 0; i < n.inputs.size(); ++i) metas[i] = &g->node(n.inputs[i]).meta;
   InferArgs a{def, std::span<const Meta* const>(metas, n.inputs.size()), n.attrs};
   n.meta = def.infer(a);
+  if (!n.meta.shape.fits_bytes(static_cast<std::int64_t>(dtype_size(n.meta.dtype))))
+    throw Error(fmt::format("{}: output shape {} has more bytes than a 64-bit count holds: {}", def.name,
+                            n.meta.shape.str(), operands_of(def, inputs)));
   return {g, g->add_node(std::move(n))};
 }
 

@@ -52,6 +52,10 @@ struct ParamState : std::enable_shared_from_this<ParamState> {
   // the gradient straight into the buffer (no fill, no add); anyone else
   // reads it through grad_now(), which fills it first.
   bool grad_zero = false;
+  // A backward (or a data-parallel reduce) has written this step's gradient
+  // into grad since the last zero_grad(): Parameter::has_fresh_grad().
+  // Optimizers step only such parameters.
+  bool grad_fresh = false;
   std::string name;
 
   Tensor& grad_now() {
@@ -183,6 +187,8 @@ class GraphImpl {
   // gradient for this step is complete); dist::DataParallel starts its
   // all-reduces from here.
   std::function<void(const Parameter&)> on_grad_ready;
+  // Expires with the graph: plans made for it hold a weak_ptr (Plan::graph_alive).
+  std::shared_ptr<const int> alive = std::make_shared<const int>(0);
 };
 
 // Builds a node: resolves the graph of the operands, infers the output meta

@@ -54,7 +54,7 @@ AD_VEC void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs,
   if (n == 0) return;
   if (as == ys && bs == ys) { map2(a, b, y, n, f); return; }
   int r = ys.rank();
-  std::int64_t sa[kMaxRank], sb[kMaxRank];
+  std::int64_t sa[kMaxRank]{}, sb[kMaxRank]{};
   broadcast_strides(as, ys, sa);
   broadcast_strides(bs, ys, sb);
   // merge trailing dims while both inputs stay contiguous-or-broadcast consistently

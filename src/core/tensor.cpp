@@ -38,6 +38,10 @@ void check_shape(const Shape& s, const char* what) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, std::shared_ptr<Allocator> alloc) {
   check_shape(shape, "Tensor::empty");
+  if (dtype_size(dtype) == 0) throw Error(fmt::format("Tensor::empty: invalid dtype (value {})", static_cast<int>(dtype)));
+  if (!shape.fits_bytes(static_cast<std::int64_t>(dtype_size(dtype))))
+    throw Error(fmt::format("Tensor::empty: shape {} of {} has more bytes than a 64-bit count holds", shape.str(),
+                            dtype_name(dtype)));
   if (!alloc) alloc = default_allocator(device);
   Tensor t;
   t.shape_ = shape;
@@ -157,7 +161,7 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   check_shape(shape, "Tensor::view");
   if (!defined()) throw Error("Tensor::view: undefined tensor");
-  if (offset < 0 || offset + shape.numel() > numel())
+  if (offset < 0 || offset > numel() || shape.numel() > numel() - offset)
     throw Error(fmt::format("Tensor::view: {} elements at offset {} do not fit in {}", shape.numel(), offset, shape_.str()));
   Tensor t = *this;
   t.shape_ = shape;

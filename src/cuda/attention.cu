@@ -90,6 +90,9 @@ __device__ __forceinline__ float w_sum(float x) {
 // tile[r][c] (row stride ld) = src row (row0 + r), column c, for r < rows, c < DP; zero
 // outside [0, nrows) x [0, d).
 template <class T, int DP>
+// Rows at or past nrows are zeros: callers pass the end of what any query of
+// the block sees (the key length, the causal bound), so a NaN or inf in
+// masked keys and values never meets a zero probability (0 * NaN = NaN).
 __device__ __forceinline__ void load_tile(T* tile, int ld, int rows, const T* src, i64 row0, i64 nrows, i64 d) {
   for (int e = threadIdx.x; e < rows * DP; e += blockDim.x) {
     const int r = e / DP, c = e % DP;
@@ -169,8 +172,8 @@ __global__ void __launch_bounds__(256) fwd_simt(Geo g, const A* q, const A* k, c
   const i64 e_hi = row_end(g, last, len);  // key_end is nondecreasing: no row of the tile sees past it
   for (i64 j0 = 0; j0 < e_hi; j0 += BC) {
     __syncthreads();  // the previous tile's Ks, Vs, Ps are consumed
-    load_tile<A, DP>(Ks, LD, BC, K, j0, g.Nk, g.d);
-    load_tile<A, DP>(Vs, LD, BC, V, j0, g.Nk, g.d);
+    load_tile<A, DP>(Ks, LD, BC, K, j0, e_hi, g.d);
+    load_tile<A, DP>(Vs, LD, BC, V, j0, e_hi, g.d);
     __syncthreads();
     A s[RM][CM];
     tile_dot<A, RM, CM, DP>(s, Qs, ty, Ks, tx);  // s[a][b] = Q[ty + 16a] . K[tx + 16b]
@@ -258,8 +261,8 @@ __global__ void __launch_bounds__(256) bwd_kv_simt(Geo g, const A* q, const A* k
   const i64 j0 = static_cast<i64>(blockIdx.y) * BC;
   const i64 len = key_len(g, b);
   const A scale = static_cast<A>(g.scale);
-  load_tile<A, DP>(Ks, LD, BC, k + u * g.Nk * g.d, j0, g.Nk, g.d);
-  load_tile<A, DP>(Vs, LD, BC, v + u * g.Nk * g.d, j0, g.Nk, g.d);
+  load_tile<A, DP>(Ks, LD, BC, k + u * g.Nk * g.d, j0, len, g.d);
+  load_tile<A, DP>(Vs, LD, BC, v + u * g.Nk * g.d, j0, len, g.d);
   A gk[CM][DM], gv[CM][DM];  // key rows ty + 16 a, columns tx + 16 x
 #pragma unroll
   for (int a = 0; a < CM; ++a)
@@ -365,8 +368,8 @@ __global__ void __launch_bounds__(256) bwd_q_simt(Geo g, const A* q, const A* k,
   const i64 e_hi = row_end(g, last, len);
   for (i64 j0 = 0; j0 < e_hi; j0 += BC) {
     __syncthreads();
-    load_tile<A, DP>(Ks, LD, BC, K, j0, g.Nk, g.d);
-    load_tile<A, DP>(Vs, LD, BC, V, j0, g.Nk, g.d);
+    load_tile<A, DP>(Ks, LD, BC, K, j0, e_hi, g.d);
+    load_tile<A, DP>(Vs, LD, BC, V, j0, e_hi, g.d);
     __syncthreads();
     A s[RM][CM], dp[RM][CM];
     tile_dot<A, RM, CM, DP>(s, Qs, ty, Ks, tx);
@@ -504,8 +507,8 @@ __global__ void __launch_bounds__(128) fwd_tc(Geo g, const H* q, const H* k, con
   const i64 e_hi = row_end(g, last, len);
   for (i64 j0 = 0; j0 < e_hi; j0 += kTB) {
     __syncthreads();
-    load_tile<H, DP>(Ks, L::H, kTB, K, j0, g.Nk, g.d);
-    load_tile<H, DP>(Vs, L::H, kTB, V, j0, g.Nk, g.d);
+    load_tile<H, DP>(Ks, L::H, kTB, K, j0, e_hi, g.d);
+    load_tile<H, DP>(Vs, L::H, kTB, V, j0, e_hi, g.d);
     __syncthreads();
     strip_xyT<H, DP>(Qs + w * 16 * L::H, Ks, L::H, Ss + w * 16 * L::S, L::S);  // S = Q K^T (f32)
     __syncwarp();
@@ -593,8 +596,8 @@ __global__ void __launch_bounds__(128) bwd_kv_tc(Geo g, const H* q, const H* k, 
   const i64 j0 = static_cast<i64>(blockIdx.y) * kTB;
   const i64 len = key_len(g, b);
   const float scale = static_cast<float>(g.scale);
-  load_tile<H, DP>(Ks, L::H, kTB, k + u * g.Nk * g.d, j0, g.Nk, g.d);
-  load_tile<H, DP>(Vs, L::H, kTB, v + u * g.Nk * g.d, j0, g.Nk, g.d);
+  load_tile<H, DP>(Ks, L::H, kTB, k + u * g.Nk * g.d, j0, len, g.d);
+  load_tile<H, DP>(Vs, L::H, kTB, v + u * g.Nk * g.d, j0, len, g.d);
   FragC gk[DP / 16], gv[DP / 16];
 #pragma unroll
   for (int n = 0; n < DP / 16; ++n) {
@@ -686,8 +689,8 @@ __global__ void __launch_bounds__(128) bwd_q_tc(Geo g, const H* q, const H* k, c
   const i64 e_hi = row_end(g, last, len);
   for (i64 j0 = 0; j0 < e_hi; j0 += kTB) {
     __syncthreads();
-    load_tile<H, DP>(Ks, L::H, kTB, K, j0, g.Nk, g.d);
-    load_tile<H, DP>(Vs, L::H, kTB, V, j0, g.Nk, g.d);
+    load_tile<H, DP>(Ks, L::H, kTB, K, j0, e_hi, g.d);
+    load_tile<H, DP>(Vs, L::H, kTB, V, j0, e_hi, g.d);
     __syncthreads();
     strip_xyT<H, DP>(Qs + w * 16 * L::H, Ks, L::H, Ss + w * 16 * L::S, L::S);    // S
     strip_xyT<H, DP>(dOs + w * 16 * L::H, Vs, L::H, dPs + w * 16 * L::S, L::S);  // dP

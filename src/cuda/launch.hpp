@@ -244,7 +244,9 @@ void semicrf_score(DType t, const SemicrfArgs& a, const std::int64_t* seg, void*
 // Its gradient for dscore (B), flat as semicrf_logz_backward.
 void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* seg, const void* dscore, void* out);
 // S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint.
-void semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S);
+// Returns the first b whose scores hold a non-finite value (its last row of S
+// is then non-finite), or -1.
+std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S);
 void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx);
 
 }  // namespace ad::cuda_k

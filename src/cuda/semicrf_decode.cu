@@ -4,6 +4,7 @@
 // semicrf_common.cuh.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -264,13 +265,23 @@ void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* s
   });
 }
 
-void semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S) {
-  if (B <= 0 || C <= 0) return;
+std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S) {
+  if (B <= 0 || C <= 0) return -1;
+  std::int64_t bad = -1;
   by_type(t, [&](auto z) {
     using E = decltype(z);
     cumulative_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(x), static_cast<E*>(S));
+    check_launch("semicrf_cumulative");
+    // a non-finite score makes its sequence's mean, and so all of S[b, T, :], non-finite
+    std::vector<E> last(static_cast<std::size_t>(B));
+    check_call(cudaMemcpy2D(last.data(), sizeof(E), static_cast<const E*>(S) + T * C,
+                            static_cast<std::size_t>((T + 1) * C) * sizeof(E), sizeof(E), static_cast<std::size_t>(B),
+                            cudaMemcpyDeviceToHost),
+               "cudaMemcpy2D (semicrf_cumulative check)");
+    for (std::int64_t b = 0; b < B && bad < 0; ++b)
+      if (!std::isfinite(static_cast<double>(last[static_cast<std::size_t>(b)]))) bad = b;
   });
-  check_launch("semicrf_cumulative");
+  return bad;
 }
 
 void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx) {

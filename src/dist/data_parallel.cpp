@@ -111,6 +111,7 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
       if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
       device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
       s.grad_zero = false;  // overwritten with the mean
+      s.grad_fresh = true;
       src += n;
     }
   }
@@ -122,6 +123,7 @@ void DataParallel::all_reduce_gradients() {
     ParamState& s = *p.state();
     if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
     comm_.all_reduce(s.grad_now(), ReduceOp::mean);
+    s.grad_fresh = true;
   }
 }
 

@@ -80,6 +80,7 @@ void Zero1::reduce_gradients() {
   if (!s.grad.defined()) s.grad = Tensor::zeros({shard_}, dtype_).to(device_);
   comm_.reduce_scatter(flat, s.grad, ReduceOp::mean);
   s.grad_zero = false;  // overwritten
+  s.grad_fresh = true;
 }
 
 Report Zero1::backward(const Var& loss, const Policy& policy) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <unordered_set>
+
 #include "ad/error.hpp"
 
 namespace ad::json {
@@ -104,13 +106,13 @@ class Parser {
       ++i_;
       skip_ws();
       if (!eof() && peek() == '}') { ++i_; return v; }
+      std::unordered_set<std::string> keys;  // a header may hold a million tensors: no scan per key
       for (;;) {
         skip_ws();
         if (eof() || peek() != '"') fail(eof() ? "unexpected end of the document in an object" : "expected a string key");
         std::size_t key_pos = i_;
         std::string key = string();
-        for (const auto& m : v.members)
-          if (m.first == key) fail_at(fmt::format("duplicate key {}", quote(key)), key_pos);
+        if (!keys.insert(key).second) fail_at(fmt::format("duplicate key {}", quote(key)), key_pos);
         skip_ws();
         expect(':', "after an object key");
         skip_ws();

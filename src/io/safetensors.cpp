@@ -157,6 +157,24 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// The file a save to `path` replaces: `path`, or where its chain of symbolic
+// links ends (a "latest -> step_N" link keeps pointing at the new contents,
+// rather than being replaced by a file). A dangling link's target is created.
+std::string link_target(const std::string& path) {
+  std::string target = path;
+  for (int hop = 0; hop < 40; ++hop) {
+    struct stat st {};
+    if (::lstat(target.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return target;
+    std::string link(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+    ssize_t n = ::readlink(target.c_str(), link.data(), link.size());
+    if (n < 0 || static_cast<std::size_t>(n) >= link.size())
+      throw Error(sys_error("save_safetensors: cannot read the symbolic link", target));
+    link.resize(static_cast<std::size_t>(n));
+    target = !link.empty() && link[0] == '/' ? link : parent_dir(target) + "/" + link;
+  }
+  throw Error(fmt::format("save_safetensors: too many levels of symbolic links at \"{}\"", path));
+}
+
 // ---- reader ----
 
 struct Entry {
@@ -292,16 +310,22 @@ std::vector<std::uint8_t> serialize_safetensors(const NamedTensors& tensors, con
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
   Layout l = layout(tensors, metadata);  // all validation before the disk is touched
+  const std::string target = link_target(path);
+  struct stat old {};
+  const bool existed = ::stat(target.c_str(), &old) == 0;
   std::string tmp;
   File f;
   auto stamp = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int attempt = 0; f.fd() < 0; ++attempt) {
-    tmp = fmt::format("{}.tmp-{}-{:x}", path, static_cast<long>(::getpid()), stamp + static_cast<std::uint64_t>(attempt));
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    tmp = fmt::format("{}.tmp-{}-{:x}", target, static_cast<long>(::getpid()), stamp + static_cast<std::uint64_t>(attempt));
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, existed ? 0600 : 0666);
     if (fd >= 0) f.reset(fd);
-    else if (errno != EEXIST || attempt > 100) throw Error(sys_error("save_safetensors: cannot create a temporary file next to", path));
+    else if (errno != EEXIST || attempt > 100) throw Error(sys_error("save_safetensors: cannot create a temporary file next to", target));
   }
   try {
+    // a file replaced keeps its permission bits (a private checkpoint stays private)
+    if (existed && ::fchmod(f.fd(), old.st_mode & 07777) != 0)
+      throw Error(sys_error("save_safetensors: cannot set the permissions of the temporary file for", target));
     write_all(f.fd(), l.header.data(), l.header.size(), path);
     for (std::size_t i : l.order) {
       const Tensor& t = tensors[i].second;
@@ -309,14 +333,15 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
     }
     if (::fsync(f.fd()) != 0) throw Error(sys_error("save_safetensors: fsync failed", path));
     if (f.close() != 0) throw Error(sys_error("save_safetensors: close failed", path));
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw Error(sys_error("save_safetensors: cannot rename the temporary file to", path));
+    if (::rename(tmp.c_str(), target.c_str()) != 0)
+      throw Error(sys_error("save_safetensors: cannot rename the temporary file to", target));
   } catch (...) {
     f.close();
     ::unlink(tmp.c_str());
     throw;
   }
   // make the rename durable (best effort: some filesystems refuse to fsync a directory)
-  int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     (void)::fsync(dfd);
     ::close(dfd);

@@ -89,12 +89,21 @@ template <class T> double sum_squares(const T* g, std::int64_t n) {
 template <class T> AD_VEC void scale(T* g, std::int64_t n, T c) {
   for (std::int64_t i = 0; i < n; ++i) g[i] *= c;
 }
+// Each parameter once, in order of first appearance (a tied weight listed
+// under two names is one gradient).
+std::vector<Parameter> unique(const std::vector<Parameter>& params) {
+  std::vector<Parameter> out;
+  std::set<const ParamState*> seen;
+  for (const auto& p : params)
+    if (p.defined() && seen.insert(p.state()).second) out.push_back(p);
+  return out;
+}
 }  // namespace
 
 double grad_norm(const std::vector<Parameter>& params) {
   double s = 0;
-  for (const auto& p : params) {
-    if (!p.has_grad()) continue;
+  for (const auto& p : unique(params)) {
+    if (!p.has_fresh_grad()) continue;  // no gradient this step (a stale one reads as zeros)
     const Tensor& g = p.grad();
     if (g.dtype() == DType::f32) s += sum_squares(g.data<float>(), g.numel());
     else if (g.dtype() == DType::f64) s += sum_squares(g.data<double>(), g.numel());
@@ -107,8 +116,8 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm) {
   double norm = grad_norm(params);
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   double c = max_norm / (norm + 1e-6);
-  for (const auto& p : params) {
-    if (!p.has_grad()) continue;
+  for (const auto& p : unique(params)) {
+    if (!p.has_fresh_grad()) continue;
     Tensor g = p.grad();
     if (g.dtype() == DType::f32) scale(g.data<float>(), g.numel(), static_cast<float>(c));
     else scale(g.data<double>(), g.numel(), c);
@@ -124,11 +133,19 @@ double clip_grad_norm(const NamedParameters& params, double max_norm) {
 // ---- Optimizer ----
 namespace {
 NamedParameters name_by_index(const std::vector<Parameter>& params) {
-  NamedParameters out;
   std::set<std::string> seen;
+  std::vector<std::string> names(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     std::string n = params[i].defined() ? params[i].name() : std::string();
-    if (n.empty() || !seen.insert(n).second) n = std::to_string(i);
+    if (!n.empty() && seen.insert(n).second) names[i] = n;
+  }
+  NamedParameters out;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    std::string n = names[i];
+    if (n.empty()) {  // "<index>", or "_<index>" (and so on) where a parameter is named that
+      n = std::to_string(i);
+      while (!seen.insert(n).second) n = "_" + n;
+    }
     out.emplace_back(n, params[i]);
   }
   return out;
@@ -151,14 +168,17 @@ Tensor i64_scalar(std::int64_t v) {
 }
 }  // namespace
 
-Optimizer::Optimizer(NamedParameters params, double lr) : params_(std::move(params)) {
+Optimizer::Optimizer(NamedParameters params, double lr) {
   std::set<std::string> seen;
-  for (const auto& np : params_) {
+  std::set<const ParamState*> held;
+  for (auto& np : params) {
     if (!np.second.defined()) throw Error(fmt::format("Optimizer: parameter \"{}\" is empty", np.first));
     if (np.first.empty()) throw Error("Optimizer: a parameter has an empty name");
     if (!seen.insert(np.first).second) throw Error(fmt::format("Optimizer: parameter name \"{}\" is repeated", np.first));
     if (!is_compute_float(np.second.dtype()))
       throw Error(fmt::format("Optimizer: parameter \"{}\" has dtype {}, not f32/f64", np.first, dtype_name(np.second.dtype())));
+    // One parameter under several names (tied weights): updated once, under its first name.
+    if (held.insert(np.second.state()).second) params_.push_back(std::move(np));
   }
   slots_.resize(params_.size());
   param_steps_.assign(params_.size(), 0);
@@ -186,7 +206,7 @@ void Optimizer::step() {
   std::vector<std::string> slot_list = slot_names();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i].second;
-    if (!p.has_grad()) continue;
+    if (!p.has_fresh_grad()) continue;  // no loss reached it since zero_grad(): no step, no state change
     if (p.grad().shape() != p.shape() || p.grad().dtype() != p.dtype())
       throw Error(fmt::format("{}.step: gradient of \"{}\" is {}{}, parameter is {}{}", name(), params_[i].first,
                               dtype_name(p.grad().dtype()), p.grad().shape().str(), dtype_name(p.dtype()), p.shape().str()));

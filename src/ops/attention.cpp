@@ -43,6 +43,10 @@ attn::Dims check_attention(const InferArgs& a, std::size_t lens_at) {
     if (lm.shape.rank() != 1 || lm.shape[0] != qs[0]) fail_shapes(a, fmt::format("key_lengths must be [B] = [{}]", qs[0]));
   }
   if (!std::isfinite(a.attrs.scalar)) fail_shapes(a, fmt::format("scale must be finite, got {}", a.attrs.scalar));
+  // the kernels multiply in f32 unless the inputs are f64
+  if (a[0].dtype != DType::f64 && !std::isfinite(static_cast<float>(a.attrs.scalar)))
+    fail_shapes(a, fmt::format("scale {} is not finite in f32, the compute type of {} inputs", a.attrs.scalar,
+                               dtype_name(a[0].dtype)));
   attn::Dims dm;
   dm.B = qs[0]; dm.H = qs[1]; dm.Hkv = ks[1]; dm.Nq = qs[2]; dm.Nk = ks[2]; dm.d = qs[3];
   dm.causal = a.attrs.causal;

@@ -239,7 +239,10 @@ void forward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const std::
       std::fill(l, l + rb, T(0));
       const std::int64_t e_lo = key_end(i0, Nq, Nk, len, dm.causal), e_hi = key_end(i0 + rb - 1, Nq, Nk, len, dm.causal);
       for (std::int64_t j0 = 0; j0 < e_hi; j0 += t.bc) {
-        const std::int64_t cb = std::min(t.bc, Nk - j0);
+        // no key at or past e_hi is read: a NaN or inf in masked keys and values
+        // (padding past the key length, the causal future) never meets a zero
+        // probability (0 * NaN = NaN)
+        const std::int64_t cb = std::min(t.bc, e_hi - j0);
         gemm(false, true, rb, cb, d, scale, Q + i0 * d, d, K + j0 * d, d, T(0), S, cb);  // S = scale Q_i K_j^T
         const bool full = j0 + cb <= e_lo;
         for (std::int64_t r = 0; r < rb; ++r) {
@@ -287,11 +290,14 @@ void backward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const T* o
       for (std::int64_t r = 0; r < Nq; ++r)
         D[r] = lane_dot(dO + r * d, O + r * d, d) - (dlse ? dlse[hu * Nq + r] : T(0));
       for (std::int64_t j0 = 0; j0 < e_max; j0 += t.bc) {
-        const std::int64_t cb = std::min(t.bc, Nk - j0);
+        const std::int64_t cb_all = std::min(t.bc, e_max - j0);
         // rows before i_first see no key of this tile (causal: key_end(i) <= j0)
         const std::int64_t i_first = dm.causal ? std::clamp<std::int64_t>(j0 - (Nk - Nq), 0, Nq) : 0;
         for (std::int64_t i0 = i_first; i0 < Nq; i0 += t.br) {
           const std::int64_t rb = std::min(t.br, Nq - i0);
+          // columns no row of this block sees are left out (as in the forward)
+          const std::int64_t cb = std::min(cb_all, key_end(i0 + rb - 1, Nq, Nk, len, dm.causal) - j0);
+          if (cb <= 0) continue;
           const bool full = j0 + cb <= key_end(i0, Nq, Nk, len, dm.causal);
           gemm(false, true, rb, cb, d, scale, Q + i0 * d, d, K + j0 * d, d, T(0), S, cb);  // S = scale Q_i K_j^T
           for (std::int64_t r = 0; r < rb; ++r) {

@@ -20,7 +20,11 @@ const OpDef op_def_parameter{.name = "parameter", .args = "", .arity = 0, .infer
 Meta infer_full(const InferArgs& a) {
   for (auto d : a.attrs.shape)
     if (d < 0) fail(a, fmt::format("negative dimension in shape {}", a.attrs.shape.str()));
-  if (!is_floating(a.attrs.dtype) && a.attrs.dtype != DType::i64) fail(a, "bad dtype");
+  if (!is_floating(a.attrs.dtype) && a.attrs.dtype != DType::i64)
+    fail(a, fmt::format("dtype {} (value {}) is not f32, f64, f16, bf16 or i64", dtype_name(a.attrs.dtype),
+                        static_cast<int>(a.attrs.dtype)));
+  if (!a.attrs.shape.fits_bytes(static_cast<std::int64_t>(dtype_size(a.attrs.dtype))))
+    fail(a, fmt::format("shape {} has more bytes than a 64-bit count holds", a.attrs.shape.str()));
   return Meta{a.attrs.shape, a.attrs.dtype, Device::cpu()};
 }
 void full_cpu(const KernelArgs& k) { k.out.fill(k.attrs.scalar); }

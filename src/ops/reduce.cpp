@@ -212,8 +212,8 @@ void max_backward_cpu(const KernelArgs& k) {
     auto* given = static_cast<unsigned char*>(k.workspace);
     const Shape& xs = k[0].shape();
     std::int64_t n = xs.numel();
+    if (n == 0) return;  // (no workspace then)
     std::memset(given, 0, static_cast<std::size_t>(k[1].numel()));
-    if (n == 0) return;
     Shape ks = keepdim_shape(xs, k.attrs.axes);
     int r = xs.rank();
     std::int64_t st[kMaxRank];

@@ -119,6 +119,18 @@ Meta infer_semicrf_cumulative(const InferArgs& a) {
   m.shape = Shape{a[0].shape[0], a[0].shape[1] + 1, a[0].shape[2]};
   return m;
 }
+// The first non-finite score of sequence b (xb: its T x C scores, on the
+// host): prefix sums cannot hold -inf (the mean shift makes it NaN), so it is
+// an error, not a forbidden position.
+template <class E> [[noreturn]] void non_finite_score(const E* xb, std::int64_t b, std::int64_t T, std::int64_t C) {
+  for (std::int64_t i = 0; i < T * C; ++i)
+    if (!std::isfinite(static_cast<double>(xb[i])))
+      kernel_fail("semicrf_cumulative",
+                  fmt::format("scores[{}, {}, {}] = {} is not finite: cumulative scores cannot hold it (forbid "
+                              "segments with -inf in Tr, D or P instead)",
+                              b, i / C, i % C, static_cast<double>(xb[i])));
+  kernel_fail("semicrf_cumulative", fmt::format("the scores of sequence {} sum beyond the range of doubles", b));
+}
 void semicrf_cumulative_cpu(const KernelArgs& k) {
   const std::int64_t B = k[0].shape()[0], T = k[0].shape()[1], C = k[0].shape()[2];
   kernels::dispatch_float(k.out.dtype(), "semicrf_cumulative", [&](auto t) {
@@ -132,6 +144,7 @@ void semicrf_cumulative_cpu(const KernelArgs& k) {
       double m = 0;
       for (std::int64_t i = 0; i < T * C; ++i) m += static_cast<double>(xb[i]);
       m = T * C > 0 ? m / static_cast<double>(T * C) : 0.0;
+      if (!std::isfinite(m)) non_finite_score(xb, b, T, C);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t c = 0; c < C; ++c) Sb[c] = E(0);
       for (std::int64_t u = 0; u < T; ++u)
@@ -144,7 +157,12 @@ void semicrf_cumulative_cpu(const KernelArgs& k) {
 }
 AD_CUDA_ONLY(void semicrf_cumulative_cuda(const KernelArgs& k) {
   const Shape& x = k[0].shape();
-  cuda_k::semicrf_cumulative(k.out.dtype(), x[0], x[1], x[2], k[0].raw(), k.out.raw());
+  std::int64_t b = cuda_k::semicrf_cumulative(k.out.dtype(), x[0], x[1], x[2], k[0].raw(), k.out.raw());
+  if (b >= 0) {
+    Tensor xb = k[0].to(Device::cpu());
+    kernels::dispatch_float(xb.dtype(), "semicrf_cumulative",
+                            [&](auto t) { non_finite_score(xb.data<decltype(t)>() + b * x[1] * x[2], b, x[1], x[2]); });
+  }
 })
 void semicrf_cumulative_bwd(BackwardArgs& a) {
   if (a.needs[0]) a.grad[0] = make_node(OpId::semicrf_cumulative_backward, {a.dout});

@@ -219,6 +219,7 @@ void Hodlr::apply(int id, const double* x, double* y, i64 D) const {
 }
 
 Tensor Hodlr::matvec(const Tensor& x) const {
+  if (blocks_.empty()) throw Error("Hodlr::matvec: an empty Hodlr (default-constructed); build one with Hodlr::build");
   bool vec = x.rank() == 1;
   if ((x.rank() != 1 && x.rank() != 2) || x.dim(0) != n_ || !is_floating(x.dtype()))
     throw Error(fmt::format("Hodlr::matvec: x must be (N) or (N, D) with N = {}, got {}{}", n_, dtype_name(x.dtype()),

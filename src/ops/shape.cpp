@@ -34,8 +34,8 @@ Meta infer_reshape(const InferArgs& a) {
       infer_at = i;
     } else if (s[i] < 0) {
       fail_shapes(a, fmt::format("negative dim in target shape {}", s.str()));
-    } else {
-      known *= s[i];
+    } else if (__builtin_mul_overflow(known, s[i], &known)) {
+      fail_shapes(a, fmt::format("target shape {} has more elements than a 64-bit count holds", s.str()));
     }
   }
   std::int64_t n = a[0].shape.numel();
@@ -307,7 +307,10 @@ const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity
 // several gradients) returns them from one buffer without copies.
 // Pure data movement: any dtype, f16/bf16 included (attention's half buffers).
 Meta infer_part(const InferArgs& a) {
-  if (a.attrs.start < 0 || a.attrs.start + a.attrs.shape.numel() > a[0].shape.numel())
+  for (auto d : a.attrs.shape)
+    if (d < 0) fail_shapes(a, fmt::format("negative dimension in shape {}", a.attrs.shape.str()));
+  const std::int64_t n = a[0].shape.numel();
+  if (a.attrs.start < 0 || a.attrs.start > n || a.attrs.shape.numel() > n - a.attrs.start)
     fail_shapes(a, fmt::format("{} elements at offset {} do not fit", a.attrs.shape.str(), a.attrs.start));
   return Meta{a.attrs.shape, a[0].dtype, a[0].device};
 }

@@ -46,7 +46,8 @@ class LrSchedule {
 
 // ---- gradient clipping ----
 // The global L2 norm of the gradients of `params` (parameters without a
-// gradient are skipped), accumulated in double in parameter order.
+// fresh gradient, Parameter::has_fresh_grad, are skipped; a parameter listed
+// twice counts once), accumulated in double in parameter order.
 double grad_norm(const std::vector<Parameter>& params);
 // If that norm exceeds max_norm, scales every gradient by
 // max_norm / (norm + 1e-6) (PyTorch's rule). Returns the norm before
@@ -57,8 +58,12 @@ double clip_grad_norm(const std::vector<Parameter>& params, double max_norm);
 double clip_grad_norm(const NamedParameters& params, double max_norm);
 
 // ---- optimizers ----
-// Holds named parameters; step() updates each one that has a gradient.
-// Parameter names must be unique and non-empty (use Module::named_parameters()).
+// Holds named parameters; step() updates each one that has a gradient from a
+// backward since its last zero_grad() (Parameter::has_fresh_grad): one that no
+// loss reached keeps its value, slots and update count, as a PyTorch parameter
+// whose grad is None. Parameter names must be unique and non-empty (use
+// Module::named_parameters()); one Parameter under several names (tied
+// weights) is held once, under its first name.
 //
 // State tensors: "step" (i64 [], updates taken by step()) and, for each
 // parameter updated at least once, "<name>.step" (i64 []: its own update
@@ -68,13 +73,14 @@ double clip_grad_norm(const NamedParameters& params, double max_norm);
 class Optimizer {
  public:
   Optimizer(NamedParameters params, double lr);
-  // Names from Parameter::name(), or "<index>" when missing or repeated.
+  // Names from Parameter::name(), or "<index>" when missing or repeated
+  // ("_<index>" where a parameter is already named "<index>", and so on).
   Optimizer(const std::vector<Parameter>& params, double lr);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient, at lr(); then the
+  // One update of every parameter with a fresh gradient, at lr(); then the
   // step count advances. Throws ad::Error if a gradient's shape or dtype
   // differs from its parameter's.
   void step();

@@ -1,0 +1,143 @@
+// Edge-case input that once crashed or was silently wrong: sizes whose
+// element or byte count overflows 64 bits, offsets that overflow a bounds
+// check, empty objects, zero-size gradients, padding that holds NaN.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "test_util.hpp"
+
+namespace {
+constexpr std::int64_t kHuge = std::int64_t(1) << 62;
+ad::Tensor f32(std::vector<float> v, const ad::Shape& s) { return ad::Tensor::from(std::span<const float>(v), s); }
+}  // namespace
+
+TEST_CASE("edge: shapes whose element or byte count overflows 64 bits are an ad::Error") {
+  EXPECT_ERROR(ad::Tensor::zeros({kHuge}), "Tensor::empty", "[4611686018427387904]", "64-bit");
+  EXPECT_ERROR(ad::Tensor::empty({kHuge + 1, 4}), "Tensor::empty", "64-bit");
+  EXPECT_ERROR(ad::Tensor::empty({std::int64_t(1) << 61}, ad::DType::f64), "Tensor::empty");
+  EXPECT_ERROR(ad::Parameter::zeros({kHuge}), "Tensor::empty");
+  CHECK(ad::Shape{kHuge, kHuge, 0}.numel() == 0);  // a zero dimension anywhere: no elements
+  CHECK(ad::Tensor::empty({kHuge, kHuge, 0}).numel() == 0);
+  ad::Graph g;
+  ad::Var a = g.input(ad::Tensor::ones({4}));
+  EXPECT_ERROR(ad::reshape(a, {kHuge + 1, 4}), "reshape", "[4611686018427387905,4]");
+  EXPECT_ERROR(ad::reshape(a, {kHuge, 4, -1}), "reshape", "64-bit");
+  EXPECT_ERROR(ad::full(a, {kHuge}, 1.0, ad::DType::f32), "full", "64-bit");
+  EXPECT_ERROR(ad::broadcast_to(g.input(ad::Tensor::ones({1, 1})), {kHuge + 1, 4}), "broadcast_to");
+  // a large but representable size is an allocation failure, not a wrapped count
+  CHECK(ad::full(a, {std::int64_t(1) << 40}, 1.0, ad::DType::f32).numel() == std::int64_t(1) << 40);
+}
+
+TEST_CASE("edge: part and Tensor::view offsets near INT64_MAX are an ad::Error") {
+  ad::Tensor t = f32({1, 2, 3, 4}, {4});
+  ad::Graph g;
+  ad::Var a = g.input(t);
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  EXPECT_ERROR(ad::part(a, big, {2}), "part", "offset 9223372036854775807 do not fit");
+  EXPECT_ERROR(ad::part(a, big - 100000000, {100000003}), "part", "do not fit");
+  EXPECT_ERROR(ad::part(a, 0, {-1}), "part", "negative dimension", "[-1]");
+  EXPECT_ERROR(ad::part(a, 0, {-2, -2}), "part", "negative dimension");
+  EXPECT_ERROR(t.view(big - 1000000, {1000003}), "Tensor::view", "do not fit");
+  EXPECT_ERROR(t.view(5, {0}), "Tensor::view", "do not fit");
+  CHECK(t.view(4, {0}).numel() == 0);  // an empty view at the end is fine
+  CHECK(ad::part(a, 2, {2}).value().to_vector() == std::vector<double>{3, 4});
+}
+
+TEST_CASE("edge: a default-constructed Hodlr is an ad::Error, not a crash") {
+  ad::Hodlr h;
+  EXPECT_ERROR(h.matvec(ad::Tensor::zeros({0}, ad::DType::f64)), "Hodlr::matvec", "empty");
+}
+
+TEST_CASE("edge: max over a zero-size tensor differentiates to an empty gradient") {
+  ad::Graph g;
+  ad::Var x = g.input(ad::Tensor::zeros({2, 0}, ad::DType::f64));
+  auto gr = ad::grad(ad::sum(ad::max(x, {0})), {x});
+  CHECK(gr[0].value().shape() == ad::Shape{2, 0});
+}
+
+TEST_CASE("edge: attention never reads keys and values past key_lengths (NaN padding)") {
+  for (ad::DType dt : {ad::DType::f32, ad::DType::f64}) {
+    for (bool causal : {false, true}) {
+      // B = 2, H = 2, N = 70 (two key tiles), d = 8; batch 0 holds 37 keys, batch 1 all 70
+      const std::int64_t B = 2, H = 2, N = 70, d = 8;
+      ad::Rng rng(11);
+      ad::Tensor q = ad::Tensor::randn({B, H, N, d}, rng, dt), k = ad::Tensor::randn({B, H, N, d}, rng, dt),
+                 v = ad::Tensor::randn({B, H, N, d}, rng, dt), w = ad::Tensor::randn({B, H, N, d}, rng, dt);
+      std::vector<std::int64_t> lv{37, 70};
+      ad::Tensor lens = ad::Tensor::from(std::span<const std::int64_t>(lv), {B});
+      auto run = [&](double pad) {  // the padding of batch 0 filled with `pad`
+        ad::Tensor kp = k.clone(), vp = v.clone();
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t j = 37; j < N; ++j)
+            for (std::int64_t c = 0; c < d; ++c) {
+              const std::int64_t at = ((0 * H + h) * N + j) * d + c;
+              if (dt == ad::DType::f32) {
+                kp.data<float>()[at] = static_cast<float>(pad);
+                vp.data<float>()[at] = static_cast<float>(pad);
+              } else {
+                kp.data<double>()[at] = pad;
+                vp.data<double>()[at] = pad;
+              }
+            }
+        ad::Graph g;
+        ad::Var qv = g.input(q), kv = g.input(kp), vv = g.input(vp);
+        ad::AttentionOptions o;
+        o.causal = causal;
+        o.key_lengths = g.input(lens);
+        ad::Var out = ad::attention(qv, kv, vv, o);
+        auto grads = ad::grad(ad::sum(ad::mul(out, g.input(w))), {qv, kv, vv});
+        std::vector<std::vector<double>> r{out.value().to_vector()};
+        for (auto& gv : grads) r.push_back(gv.value().to_vector());
+        return r;
+      };
+      auto clean = run(0.0), nan = run(std::nan("")), inf = run(std::numeric_limits<double>::infinity());
+      for (std::size_t t = 0; t < clean.size(); ++t) {
+        INFO("dtype " << ad::dtype_name(dt) << " causal " << causal << " output " << t);
+        for (double x : clean[t]) REQUIRE(std::isfinite(x));
+        CHECK(nan[t] == clean[t]);  // bit for bit: the padding is not read
+        CHECK(inf[t] == clean[t]);
+      }
+    }
+  }
+}
+
+TEST_CASE("edge: an attention scale that overflows f32 is an ad::Error for f32 inputs") {
+  ad::Graph g;
+  ad::Rng rng(3);
+  ad::Var q = g.input(ad::Tensor::randn({1, 1, 2, 4}, rng));
+  ad::AttentionOptions o;
+  o.scale = 1e300;
+  EXPECT_ERROR(ad::attention(q, q, q, o), "attention", "scale", "f32");
+  ad::Var q64 = g.input(ad::Tensor::randn({1, 1, 2, 4}, rng, ad::DType::f64));
+  CHECK(ad::attention(q64, q64, q64, o).shape() == ad::Shape{1, 1, 2, 4});  // f64 computes in f64
+}
+
+TEST_CASE("edge: a non-finite score in semicrf_cumulative is an ad::Error naming b, t and c") {
+  for (double bad : {-HUGE_VAL, HUGE_VAL, std::nan("")}) {
+    ad::Graph g;
+    ad::Var sc = g.input(f32({1, 2, 3, 4, 5, 6, 7, static_cast<float>(bad)}, {2, 2, 2}));
+    ad::Var S = ad::semicrf_cumulative(sc);
+    EXPECT_ERROR(S.value(), "semicrf_cumulative", "scores[1, 1, 1]", "not finite", "Tr, D or P");
+  }
+  // forbidding through P works and stays finite
+  ad::Graph g;
+  ad::Var S = ad::semicrf_cumulative(g.input(f32({1, 0, 2, 3}, {1, 2, 2})));
+  ad::Var Tr = g.input(ad::Tensor::zeros({2, 2})), D = g.input(ad::Tensor::zeros({1, 2}));
+  ad::Var P = g.input(f32({0, -INFINITY}, {2}));
+  std::vector<std::int64_t> lv{2};
+  ad::Var L = g.input(ad::Tensor::from(std::span<const std::int64_t>(lv), {1}));
+  CHECK(std::isfinite(ad::semicrf_logz(S, Tr, D, P, L).value().item()));
+}
+
+TEST_CASE("edge: a dtype outside the enum is an ad::Error") {
+  ad::Graph g;
+  ad::Var x = g.input(ad::Tensor::ones({2}));
+  EXPECT_ERROR(ad::cast(x, static_cast<ad::DType>(42)), "cast");
+  EXPECT_ERROR(ad::full(x, {2}, 1.0, static_cast<ad::DType>(9)), "full", "value 9");
+  EXPECT_ERROR(ad::Tensor::empty({2}, static_cast<ad::DType>(7)), "Tensor::empty", "invalid dtype");
+}
