@@ -141,3 +141,78 @@ TEST_CASE("edge: a dtype outside the enum is an ad::Error") {
   EXPECT_ERROR(ad::full(x, {2}, 1.0, static_cast<ad::DType>(9)), "full", "value 9");
   EXPECT_ERROR(ad::Tensor::empty({2}, static_cast<ad::DType>(7)), "Tensor::empty", "invalid dtype");
 }
+
+TEST_CASE("edge: a half-precision node read twice is differentiated (gradients summed in f32)") {
+  for (ad::DType half : {ad::DType::bf16, ad::DType::f16}) {
+    ad::Rng rng(5);
+    ad::Parameter p = ad::Parameter::randn({4}, rng);
+    ad::Graph g;
+    ad::Var qb = ad::cast(g.param(p), half);
+    ad::backward(ad::add(ad::sum(ad::cast(qb, ad::DType::f32)), ad::sum(ad::mul_scalar(ad::cast(qb, ad::DType::f32), 2.0))));
+    CHECK(p.grad().to_vector() == std::vector<double>(4, 3.0));
+    // self-attention on one bf16 tensor: q, k and v are the same node
+    ad::Parameter w = ad::Parameter::randn({1, 1, 8, 16}, rng, 0.5);
+    ad::Graph g2;
+    ad::Var x = ad::cast(g2.param(w), half);
+    ad::Var y = ad::attention(x, x, x);
+    ad::backward(ad::sum(ad::cast(y, ad::DType::f32)));
+    for (double v : w.grad().to_vector()) CHECK(std::isfinite(v));
+  }
+}
+
+TEST_CASE("edge: f32 sums over leading axes accumulate in double") {
+  ad::Graph g;
+  const std::int64_t n = (std::int64_t(1) << 24) + 64;  // past 2^24: f32 accumulation would stop at 2^24
+  ad::Var x = g.input(ad::Tensor::ones({n, 2}));
+  CHECK(ad::sum(x, {0}).value().to_vector() == std::vector<double>{static_cast<double>(n), static_cast<double>(n)});
+  CHECK(ad::sum_to(x, {1, 2}).value().to_vector() == std::vector<double>{static_cast<double>(n), static_cast<double>(n)});
+  CHECK(ad::mean(x, {0}).value().to_vector() == std::vector<double>{1.0, 1.0});
+  // the bias gradient of x + b (a sum_to over the batch) is exact too, and the peak is still predicted
+  ad::Parameter b = ad::Parameter::zeros({2});
+  ad::Report r = ad::backward(ad::sum(ad::add(x, g.param(b))));
+  CHECK(b.grad().to_vector() == std::vector<double>{static_cast<double>(n), static_cast<double>(n)});
+  CHECK(r.measured_peak_bytes == r.predicted_peak_bytes);
+}
+
+TEST_CASE("edge: random draws and conversions to i64 reject what they cannot represent") {
+  ad::Rng rng(1);
+  const std::int64_t big = std::int64_t(1) << 40;
+  ad::Tensor t = ad::Tensor::randint({4096}, rng, big);
+  std::int64_t hi = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const std::int64_t v = t.data<std::int64_t>()[i];
+    REQUIRE(v >= 0);
+    REQUIRE(v < big);
+    hi = std::max(hi, v);
+  }
+  CHECK(hi > (std::int64_t(1) << 39));  // the upper half is reached (4096 draws: fails with p = 2^-4096)
+  ad::Rng r1(2), r2(2);  // n <= 2^32: the stream is unchanged (one draw per value)
+  CHECK(ad::Tensor::randint({8}, r1, 10).numel() == 8);
+  CHECK(r1.offset() == r2.offset() + 8);
+  EXPECT_ERROR(ad::Tensor::full({2}, std::nan(""), ad::DType::i64), "does not convert to i64");
+  EXPECT_ERROR(ad::Tensor::full({2}, 1e30, ad::DType::i64), "does not convert to i64");
+  std::vector<double> vals{2.0, HUGE_VAL};
+  EXPECT_ERROR(ad::Tensor::from(std::span<const double>(vals), {2}).to(ad::DType::i64), "element 1", "i64");
+  EXPECT_ERROR(ad::Tensor::randn({2}, rng, ad::DType::i64), "Tensor::randn", "not a float type");
+  EXPECT_ERROR(ad::Tensor::randn({2}, rng, ad::DType::f32, 0.0, -1.0), "Tensor::randn", "stddev");
+  EXPECT_ERROR(ad::Tensor::randn({2}, rng, ad::DType::f32, 0.0, std::nan("")), "Tensor::randn");
+  EXPECT_ERROR(ad::Tensor::uniform({2}, rng, ad::DType::f32, 5.0, 1.0), "Tensor::uniform", "lo <= hi");
+  EXPECT_ERROR(ad::Tensor::uniform({2}, rng, ad::DType::i64), "Tensor::uniform", "not a float type");
+  EXPECT_ERROR(ad::Tensor::from(std::span<const double>(vals), {-2, -1}), "Tensor::from", "negative");
+}
+
+TEST_CASE("edge: layer and factorize options that make no sense are an ad::Error") {
+  ad::Rng rng(1);
+  ad::nn::LinearOptions lo;
+  lo.init_stddev = std::nan("");
+  EXPECT_ERROR(ad::nn::Linear(4, 4, rng, lo), "Linear", "init_stddev");
+  lo.init_stddev = -1;
+  EXPECT_ERROR(ad::nn::Linear(4, 4, rng, lo), "Linear", "init_stddev");
+  ad::nn::EmbeddingOptions eo;
+  eo.init_stddev = -1;
+  EXPECT_ERROR(ad::nn::Embedding(4, 4, rng, eo), "Embedding", "init_stddev");
+  ad::Tensor h = ad::Tensor::zeros({3, 3}, ad::DType::f64);
+  EXPECT_ERROR(ad::semiseparable_factorize(h, 1, -5), "semiseparable_factorize", "max_iters");
+  h.data<double>()[4] = std::nan("");
+  EXPECT_ERROR(ad::semiseparable_factorize(h, 1), "semiseparable_factorize", "h[1, 1]", "not finite");
+}

@@ -25,7 +25,8 @@ class BudgetError : public Error {
       : Error(what), budget(budget_bytes), least_peak(least), largest_step_bytes(largest_step), proven(is_proven) {}
   std::int64_t budget;              // the budget asked for
   std::int64_t least_peak;          // the least peak of any schedule the planner finds
-  std::int64_t largest_step_bytes;  // what the step's largest single compute needs live (inputs, output, workspace)
+  std::int64_t largest_step_bytes;  // what the step's largest single compute needs live (inputs, output, workspace;
+                                    // at most least_peak: an op that writes over its input can need less)
   bool proven;
 };
 

@@ -503,11 +503,15 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse, Pruning* pruni
                                   "(proven: no schedule has a lower peak; its largest single step alone needs {} B)",
                                   bytes, best, lb),
                       bytes, best, lb, true);
+  // lb counts a step's inputs and output apart; writing over an input (reuse)
+  // can need less, so with reuse it is only named where it is no more than best
+  const std::string step_need =
+      lb <= best ? fmt::format("; its largest single step alone needs {} B", lb)
+                 : fmt::format("; its largest single step needs {} B unless it writes over an input", lb);
   throw BudgetError(fmt::format("budget: {} B is below the least peak of any schedule the planner finds for this "
-                                "step, {} B (every budget from there up plans; not proven minimal: its largest "
-                                "single step alone needs {} B)",
-                                bytes, best, lb),
-                    bytes, best, lb, false);
+                                "step, {} B (every budget from there up plans; not proven minimal{})",
+                                bytes, best, step_need),
+                    bytes, best, std::min(lb, best), false);
 }
 
 }  // namespace ad::planner

@@ -72,7 +72,13 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
       const Meta& gm = g.node(a.grad[i].id()).meta;
       if (!(gm.shape == im.shape) || gm.dtype != im.dtype)
         throw Error(fmt::format("grad: internal: backward of {} gave {} for input {}", def.name, describe(gm), describe(im)));
-      grads[iu] = grads[iu].defined() ? add(grads[iu], a.grad[i]) : a.grad[i];
+      if (!grads[iu].defined()) {
+        grads[iu] = a.grad[i];
+      } else if (is_compute_float(gm.dtype)) {
+        grads[iu] = add(grads[iu], a.grad[i]);
+      } else {  // f16 / bf16 (storage types: add takes f32/f64): summed in f32, rounded once
+        grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(a.grad[i], DType::f32)), gm.dtype);
+      }
     }
   }
   std::vector<Var> out;

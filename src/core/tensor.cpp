@@ -17,8 +17,31 @@ template <class F> void visit_store(DType t, void* p, std::int64_t n, F&& f) {
     case DType::f64: { auto* q = static_cast<double*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f(i); break; }
     case DType::f16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_f16(static_cast<float>(f(i))); break; }
     case DType::bf16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_bf16(static_cast<float>(f(i))); break; }
-    case DType::i64: { auto* q = static_cast<std::int64_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = static_cast<std::int64_t>(f(i)); break; }
+    case DType::i64: {
+      auto* q = static_cast<std::int64_t*>(p);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double v = f(i);
+        // [-2^63, 2^63): outside it (and for NaN) the conversion is undefined
+        if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+          throw Error(fmt::format("Tensor: {} (element {}) does not convert to i64: not finite or out of range", v, i));
+        q[i] = static_cast<std::int64_t>(v);
+      }
+      break;
+    }
   }
+}
+// The high 64 bits of the 128-bit product a b (in 32-bit pieces: no __int128 in ISO C++).
+std::uint64_t mul_high(std::uint64_t a, std::uint64_t b) {
+  const std::uint64_t al = a & 0xffffffffu, ah = a >> 32, bl = b & 0xffffffffu, bh = b >> 32;
+  const std::uint64_t ll = al * bl, hl = ah * bl, lh = al * bh, hh = ah * bh;
+  const std::uint64_t mid = (ll >> 32) + (hl & 0xffffffffu) + lh;  // < 2^64
+  return hh + (hl >> 32) + (mid >> 32);
+}
+// randn / uniform draw floats: an integer dtype would silently truncate them
+void check_float_draw(const char* what, DType t) {
+  if (!is_floating(t))
+    throw Error(fmt::format("Tensor::{}: dtype {} is not a float type (use Tensor::randint for integers)", what,
+                            dtype_name(t)));
 }
 double load(DType t, const void* p, std::int64_t i) {
   switch (t) {
@@ -59,6 +82,7 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
 }
 
 template <class T> static Tensor from_span(std::span<const T> v, const Shape& shape) {
+  check_shape(shape, "Tensor::from");
   if (static_cast<std::int64_t>(v.size()) != shape.numel())
     throw Error(fmt::format("Tensor::from: {} values do not fill shape {} ({} elements)", v.size(), shape.str(), shape.numel()));
   Tensor t = Tensor::empty(shape, DTypeOf<T>::value);
@@ -70,6 +94,10 @@ Tensor Tensor::from(std::span<const double> v, const Shape& s) { return from_spa
 Tensor Tensor::from(std::span<const std::int64_t> v, const Shape& s) { return from_span(v, s); }
 
 Tensor Tensor::randn(const Shape& shape, Rng& rng, DType dtype, double mean, double stddev) {
+  check_float_draw("randn", dtype);
+  if (!std::isfinite(mean) || !(stddev >= 0) || !std::isfinite(stddev))
+    throw Error(fmt::format("Tensor::randn: mean {} must be finite and stddev {} finite and >= 0 (shape {})", mean, stddev,
+                            shape.str()));
   Tensor t = empty(shape, dtype);
   std::int64_t n = shape.numel();
   // Box-Muller on pairs: element i uses draws 2i and 2i+1 of the stream.
@@ -83,6 +111,9 @@ Tensor Tensor::randn(const Shape& shape, Rng& rng, DType dtype, double mean, dou
   return t;
 }
 Tensor Tensor::uniform(const Shape& shape, Rng& rng, DType dtype, double lo, double hi) {
+  check_float_draw("uniform", dtype);
+  if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi)
+    throw Error(fmt::format("Tensor::uniform: needs finite lo <= hi, got [{}, {}) (shape {})", lo, hi, shape.str()));
   Tensor t = empty(shape, dtype);
   std::int64_t n = shape.numel();
   std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(n));
@@ -94,11 +125,21 @@ Tensor Tensor::uniform(const Shape& shape, Rng& rng, DType dtype, double lo, dou
 Tensor Tensor::randint(const Shape& shape, Rng& rng, std::int64_t n) {
   if (n <= 0) throw Error(fmt::format("Tensor::randint: n must be positive, got {}", n));
   Tensor t = empty(shape, DType::i64);
-  std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(shape.numel()));
-  visit_store(DType::i64, t.raw(), shape.numel(), [&](std::int64_t i) {
-    auto u = philox_u32(rng.seed(), base + static_cast<std::uint64_t>(i));
-    return static_cast<double>(static_cast<std::int64_t>((static_cast<std::uint64_t>(u) * static_cast<std::uint64_t>(n)) >> 32));
-  });
+  const std::int64_t count = shape.numel();
+  auto* q = t.data<std::int64_t>();
+  const auto un = static_cast<std::uint64_t>(n);
+  if (un <= (std::uint64_t(1) << 32)) {  // one 32-bit draw per element: floor(u n / 2^32)
+    std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(count));
+    for (std::int64_t i = 0; i < count; ++i)
+      q[i] = static_cast<std::int64_t>((philox_u32(rng.seed(), base + static_cast<std::uint64_t>(i)) * un) >> 32);
+  } else {  // two draws per element, as one 64-bit u: floor(u n / 2^64)
+    std::uint64_t base = rng.reserve(2 * static_cast<std::uint64_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::uint64_t k = base + 2 * static_cast<std::uint64_t>(i);
+      const std::uint64_t u = (static_cast<std::uint64_t>(philox_u32(rng.seed(), k)) << 32) | philox_u32(rng.seed(), k + 1);
+      q[i] = static_cast<std::int64_t>(mul_high(u, un));
+    }
+  }
   return t;
 }
 

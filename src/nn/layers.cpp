@@ -45,6 +45,8 @@ Linear::Linear(std::int64_t in, std::int64_t out, Rng& rng, LinearOptions o) : i
   check_positive("Linear", "in_features", in);
   check_positive("Linear", "out_features", out);
   check_dtype("Linear", o.dtype);
+  if (!(o.init_stddev >= 0) || !std::isfinite(o.init_stddev))
+    throw Error(fmt::format("Linear: init_stddev must be finite and >= 0 (0: uniform init), got {}", o.init_stddev));
   if (o.init_stddev > 0) {
     weight = Parameter(Tensor::randn({out, in}, rng, o.dtype, 0.0, o.init_stddev), "weight");
     if (o.bias) bias = Parameter(Tensor::zeros({out}, o.dtype), "bias");
@@ -70,6 +72,8 @@ Embedding::Embedding(std::int64_t n, std::int64_t d, Rng& rng, EmbeddingOptions 
   check_positive("Embedding", "num", n);
   check_positive("Embedding", "dim", d);
   check_dtype("Embedding", o.dtype);
+  if (!(o.init_stddev >= 0) || !std::isfinite(o.init_stddev))
+    throw Error(fmt::format("Embedding: init_stddev must be finite and >= 0, got {}", o.init_stddev));
   weight = Parameter(Tensor::randn({n, d}, rng, o.dtype, 0.0, o.init_stddev), "weight");
 }
 Var Embedding::operator()(const Var& ids) const {

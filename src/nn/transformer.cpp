@@ -55,6 +55,7 @@ TransformerBlock::TransformerBlock(std::int64_t dim, Rng& rng, TransformerBlockO
     if (!opt.causal) throw Error("TransformerBlock: the semiseparable mixer is causal only");
     semiseparable = SemiseparableMixer::make(opt.max_len, dim, opt.mixer_rank, rng);
   }
+  if (opt.mlp_hidden < 0) throw Error(fmt::format("TransformerBlock: mlp_hidden must be >= 0 (0: 4 * dim), got {}", opt.mlp_hidden));
   std::int64_t hidden = opt.mlp_hidden > 0 ? opt.mlp_hidden : 4 * dim;
   up = Linear(dim, hidden, rng, lin);
   down = Linear(hidden, dim, rng, lin);

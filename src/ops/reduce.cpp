@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
@@ -52,18 +53,22 @@ Attrs reduce_attrs(const char* op, const Operand& x, const Shape& axes, bool kee
   at.keepdim = keepdim;
   return at;
 }
+bool suffix_axes(const Shape& xs, const Shape& axes) {
+  for (int i = 0; i < axes.rank(); ++i)
+    if (axes[i] != xs.rank() - axes.rank() + i) return false;
+  return true;
+}
 // Reduces x over `axes` into y (laid out as the keepdim shape) with
-// init/step/finish. Suffix reductions (rows) accumulate in double; other
-// patterns walk x once in order (deterministic either way).
+// init/step/finish, accumulating in double. Suffix reductions (rows) keep
+// one double per row; other patterns walk x once in order, into `sums` (one
+// double per output: the op's workspace) where given, else into y itself
+// (exact for T = double; for max, any T). Deterministic either way.
 template <class T, class Step>
-void reduce_into(const T* x, const Shape& xs, const Shape& axes, T* y, double init, Step step) {
+void reduce_into(const T* x, const Shape& xs, const Shape& axes, T* y, double init, Step step, double* sums = nullptr) {
   std::int64_t n = xs.numel();
   Shape ks = keepdim_shape(xs, axes);
   std::int64_t ny = ks.numel();
-  bool suffix = true;
-  for (std::size_t i = 0; i < static_cast<std::size_t>(axes.rank()); ++i)
-    if (axes[static_cast<int>(i)] != xs.rank() - axes.rank() + static_cast<std::int64_t>(i)) suffix = false;
-  if (suffix) {
+  if (suffix_axes(xs, axes)) {
     std::int64_t len = ny ? n / ny : 0;
     for (std::int64_t r = 0; r < ny; ++r) {
       double acc = init;
@@ -73,20 +78,29 @@ void reduce_into(const T* x, const Shape& xs, const Shape& axes, T* y, double in
     }
     return;
   }
-  for (std::int64_t i = 0; i < ny; ++i) y[i] = static_cast<T>(init);
-  if (n == 0) return;
-  int r = xs.rank();
-  std::int64_t st[kMaxRank];
-  kernels::broadcast_strides(ks, xs, st);
-  std::int64_t idx[kMaxRank] = {0};
-  std::int64_t off = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    y[off] = static_cast<T>(step(static_cast<double>(y[off]), static_cast<double>(x[i])));
-    for (int q = r - 1; q >= 0; --q) {
-      if (++idx[q] < xs[q]) { off += st[q]; break; }
-      off -= st[q] * (xs[q] - 1);
-      idx[q] = 0;
+  auto walk = [&](auto* into) {
+    using A = std::remove_pointer_t<decltype(into)>;
+    for (std::int64_t i = 0; i < ny; ++i) into[i] = static_cast<A>(init);
+    if (n == 0) return;
+    int r = xs.rank();
+    std::int64_t st[kMaxRank];
+    kernels::broadcast_strides(ks, xs, st);
+    std::int64_t idx[kMaxRank] = {0};
+    std::int64_t off = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      into[off] = static_cast<A>(step(static_cast<double>(into[off]), static_cast<double>(x[i])));
+      for (int q = r - 1; q >= 0; --q) {
+        if (++idx[q] < xs[q]) { off += st[q]; break; }
+        off -= st[q] * (xs[q] - 1);
+        idx[q] = 0;
+      }
     }
+  };
+  if (sums) {
+    walk(sums);
+    for (std::int64_t i = 0; i < ny; ++i) y[i] = static_cast<T>(sums[i]);
+  } else {
+    walk(y);
   }
 }
 std::int64_t reduced_count(const Shape& xs, const Shape& axes) {
@@ -120,7 +134,8 @@ template <class F> void for_rows(const Rows& r, F f) {
 void sum_cpu(const KernelArgs& k) {
   kernels::dispatch_float(k.out.dtype(), "sum", [&](auto t) {
     using T = decltype(t);
-    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, k.out.data<T>(), 0.0, [](double a, double v) { return a + v; });
+    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, k.out.data<T>(), 0.0, [](double a, double v) { return a + v; },
+                static_cast<double*>(k.workspace));
   });
 }
 AD_CUDA_ONLY(void sum_cuda(const KernelArgs& k) {
@@ -128,9 +143,12 @@ AD_CUDA_ONLY(void sum_cuda(const KernelArgs& k) {
                      k.workspace);
 })
 void sum_bwd(BackwardArgs& a) { a.grad[0] = expand_back(a.dout, a.in[0], a.attrs.axes); }
-// On a GPU, few outputs over many terms sum in parts: f64 partials (ops/sum_layout.hpp)
-std::int64_t sum_ws(const InferArgs& a, const Meta&) {
-  if (a[0].device.kind != DeviceKind::cuda) return 0;
+// On a GPU, few outputs over many terms sum in parts: f64 partials
+// (ops/sum_layout.hpp). On the CPU an f32 sum over other than the last axes
+// adds into one double per output (in f32, 2^24 + 1 would be 2^24).
+std::int64_t sum_ws(const InferArgs& a, const Meta& out) {
+  if (a[0].device.kind != DeviceKind::cuda)
+    return a[0].dtype == DType::f32 && !suffix_axes(a[0].shape, a.attrs.axes) ? out.shape.numel() * 8 : 0;
   return sumlayout::layout(a[0].shape, keepdim_shape(a[0].shape, a.attrs.axes)).ws_bytes();
 }
 const OpDef op_def_sum{.name = "sum", .args = "x", .arity = 1, .infer = infer_reduce, .cpu = sum_cpu, .cuda = AD_CUDA_FN(sum_cuda), .backward = sum_bwd,
@@ -145,7 +163,8 @@ void mean_cpu(const KernelArgs& k) {
   kernels::dispatch_float(k.out.dtype(), "mean", [&](auto t) {
     using T = decltype(t);
     T* y = k.out.data<T>();
-    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, y, 0.0, [](double a, double v) { return a + v; });
+    reduce_into(k[0].data<T>(), k[0].shape(), k.attrs.axes, y, 0.0, [](double a, double v) { return a + v; },
+                static_cast<double*>(k.workspace));
     for (std::int64_t i = 0; i < k.out.numel(); ++i) y[i] = static_cast<T>(static_cast<double>(y[i]) / c);
   });
 }

@@ -73,7 +73,13 @@ SemiseparableFactors semiseparable_factorize(const Tensor& h, i64 rank, int max_
   i64 N = h.dim(0);
   if (rank < 0 || rank > N)
     throw Error(fmt::format("semiseparable_factorize: rank {} out of range [0, {}] for h {}", rank, N, h.shape().str()));
+  if (max_iters < 0 || !(tol >= 0))
+    throw Error(fmt::format("semiseparable_factorize: max_iters {} and tol {} must be >= 0", max_iters, tol));
   Mat H = h.to_vector();
+  for (std::size_t i = 0; i < H.size(); ++i)
+    if (!std::isfinite(H[i]))
+      throw Error(fmt::format("semiseparable_factorize: h[{}, {}] = {} is not finite", static_cast<i64>(i) / N,
+                              static_cast<i64>(i) % N, H[i]));
   const double hn = std::max(frob(H), 1e-300);
   auto band = [&](const Mat& a, Mat& d, Mat& up, Mat& lo) {
     d.assign(static_cast<std::size_t>(N), 0.0);

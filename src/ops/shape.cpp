@@ -2,6 +2,7 @@
 // concatenation and gathers.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
@@ -174,26 +175,31 @@ void sum_to_cpu(const KernelArgs& k) {
     const T* x = k[0].data<T>();
     T* y = k.out.data<T>();
     const Shape& xs = k[0].shape();
-    std::int64_t n = xs.numel();
-    std::fill(y, y + k.out.numel(), T(0));
-    if (n == 0) return;
+    const std::int64_t n = xs.numel(), ny = k.out.numel();
+    // sums in double: the workspace's one per output for f32, y itself for f64
+    double* acc = std::is_same_v<T, double> ? reinterpret_cast<double*>(y) : static_cast<double*>(k.workspace);
+    std::fill(acc, acc + ny, 0.0);
     int r = xs.rank();
-    if (r == 0) { y[0] = x[0]; return; }
-    std::int64_t st[kMaxRank];
-    kernels::broadcast_strides(k.out.shape(), xs, st);
-    std::int64_t inner = xs[r - 1], is = st[r - 1];
-    std::int64_t idx[kMaxRank] = {0};
-    std::int64_t off = 0;
-    for (std::int64_t o = 0; o < n / inner; ++o) {
-      const T* xo = x + o * inner;
-      if (is) for (std::int64_t i = 0; i < inner; ++i) y[off + i] += xo[i];
-      else { T s = 0; for (std::int64_t i = 0; i < inner; ++i) s += xo[i]; y[off] += s; }
-      for (int q = r - 2; q >= 0; --q) {
-        if (++idx[q] < xs[q]) { off += st[q]; break; }
-        off -= st[q] * (xs[q] - 1);
-        idx[q] = 0;
+    if (n > 0 && r == 0) acc[0] = static_cast<double>(x[0]);
+    if (n > 0 && r > 0) {
+      std::int64_t st[kMaxRank];
+      kernels::broadcast_strides(k.out.shape(), xs, st);
+      std::int64_t inner = xs[r - 1], is = st[r - 1];
+      std::int64_t idx[kMaxRank] = {0};
+      std::int64_t off = 0;
+      for (std::int64_t o = 0; o < n / inner; ++o) {
+        const T* xo = x + o * inner;
+        if (is) for (std::int64_t i = 0; i < inner; ++i) acc[off + i] += static_cast<double>(xo[i]);
+        else { double s = 0; for (std::int64_t i = 0; i < inner; ++i) s += static_cast<double>(xo[i]); acc[off] += s; }
+        for (int q = r - 2; q >= 0; --q) {
+          if (++idx[q] < xs[q]) { off += st[q]; break; }
+          off -= st[q] * (xs[q] - 1);
+          idx[q] = 0;
+        }
       }
     }
+    if constexpr (!std::is_same_v<T, double>)
+      for (std::int64_t i = 0; i < ny; ++i) y[i] = static_cast<T>(acc[i]);
   });
 }
 // sum over the leading dims and the dims where the target has 1: x's shape with 1 at each summed axis
@@ -210,9 +216,10 @@ AD_CUDA_ONLY(void sum_to_cuda(const KernelArgs& k) {
                      k.workspace);
 })
 void sum_to_bwd(BackwardArgs& a) { a.grad[0] = broadcast_to(a.dout, a.in[0].shape()); }
-// the GPU's f64 partials (ops/sum_layout.hpp)
+// the GPU's f64 partials (ops/sum_layout.hpp); on the CPU, f32 sums add
+// into one double per output
 std::int64_t sum_to_ws(const InferArgs& a, const Meta& out) {
-  if (a[0].device.kind != DeviceKind::cuda) return 0;
+  if (a[0].device.kind != DeviceKind::cuda) return a[0].dtype == DType::f32 ? out.shape.numel() * 8 : 0;
   return sumlayout::layout(a[0].shape, sum_to_keep(a[0].shape, out.shape)).ws_bytes();
 }
 const OpDef op_def_sum_to{.name = "sum_to", .args = "x", .arity = 1, .infer = infer_sum_to, .cpu = sum_to_cpu, .cuda = AD_CUDA_FN(sum_to_cuda),
