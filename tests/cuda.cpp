@@ -930,6 +930,29 @@ TEST_CASE("cuda: bf16 and f16 attention against an f64 reference") {
   }
 }
 
+TEST_CASE("cuda: attention never reads keys and values past key_lengths (NaN padding)") {
+  if (skip_without_gpu()) return;
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    for (bool causal : {false, true}) {
+      auto clean = test::padded_attention(dt, causal, 0.0, Device::cuda(0));
+      auto nan = test::padded_attention(dt, causal, std::nan(""), Device::cuda(0));
+      for (std::size_t t = 0; t < clean.size(); ++t) {
+        INFO("dtype " << dtype_name(dt) << " causal " << causal << " output " << t);
+        for (double x : clean[t]) REQUIRE(std::isfinite(x));
+        CHECK(nan[t] == clean[t]);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: a non-finite semicrf score is an ad::Error naming b, t and c") {
+  if (skip_without_gpu()) return;
+  std::vector<float> xs{1, 2, 3, 4, 5, 6, 7, -INFINITY};
+  Graph g;
+  Var S = semicrf_cumulative(g.input(Tensor::from(std::span<const float>(xs), {2, 2, 2}).to(Device::cuda(0))));
+  CHECK_THROWS_WITH_AS(eval(S), doctest::Contains("scores[1, 1, 1] = -inf is not finite"), Error);
+}
+
 TEST_CASE("cuda: attention errors on the GPU name the op") {
   if (skip_without_gpu()) return;
   Rng rng(9);

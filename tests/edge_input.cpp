@@ -61,41 +61,12 @@ TEST_CASE("edge: max over a zero-size tensor differentiates to an empty gradient
 }
 
 TEST_CASE("edge: attention never reads keys and values past key_lengths (NaN padding)") {
-  for (ad::DType dt : {ad::DType::f32, ad::DType::f64}) {
+  for (ad::DType dt : {ad::DType::f32, ad::DType::f64, ad::DType::bf16}) {
     for (bool causal : {false, true}) {
-      // B = 2, H = 2, N = 70 (two key tiles), d = 8; batch 0 holds 37 keys, batch 1 all 70
-      const std::int64_t B = 2, H = 2, N = 70, d = 8;
-      ad::Rng rng(11);
-      ad::Tensor q = ad::Tensor::randn({B, H, N, d}, rng, dt), k = ad::Tensor::randn({B, H, N, d}, rng, dt),
-                 v = ad::Tensor::randn({B, H, N, d}, rng, dt), w = ad::Tensor::randn({B, H, N, d}, rng, dt);
-      std::vector<std::int64_t> lv{37, 70};
-      ad::Tensor lens = ad::Tensor::from(std::span<const std::int64_t>(lv), {B});
-      auto run = [&](double pad) {  // the padding of batch 0 filled with `pad`
-        ad::Tensor kp = k.clone(), vp = v.clone();
-        for (std::int64_t h = 0; h < H; ++h)
-          for (std::int64_t j = 37; j < N; ++j)
-            for (std::int64_t c = 0; c < d; ++c) {
-              const std::int64_t at = ((0 * H + h) * N + j) * d + c;
-              if (dt == ad::DType::f32) {
-                kp.data<float>()[at] = static_cast<float>(pad);
-                vp.data<float>()[at] = static_cast<float>(pad);
-              } else {
-                kp.data<double>()[at] = pad;
-                vp.data<double>()[at] = pad;
-              }
-            }
-        ad::Graph g;
-        ad::Var qv = g.input(q), kv = g.input(kp), vv = g.input(vp);
-        ad::AttentionOptions o;
-        o.causal = causal;
-        o.key_lengths = g.input(lens);
-        ad::Var out = ad::attention(qv, kv, vv, o);
-        auto grads = ad::grad(ad::sum(ad::mul(out, g.input(w))), {qv, kv, vv});
-        std::vector<std::vector<double>> r{out.value().to_vector()};
-        for (auto& gv : grads) r.push_back(gv.value().to_vector());
-        return r;
-      };
-      auto clean = run(0.0), nan = run(std::nan("")), inf = run(std::numeric_limits<double>::infinity());
+      const ad::Device cpu = ad::Device::cpu();
+      auto clean = ad::test::padded_attention(dt, causal, 0.0, cpu);
+      auto nan = ad::test::padded_attention(dt, causal, std::nan(""), cpu);
+      auto inf = ad::test::padded_attention(dt, causal, HUGE_VAL, cpu);
       for (std::size_t t = 0; t < clean.size(); ++t) {
         INFO("dtype " << ad::dtype_name(dt) << " causal " << causal << " output " << t);
         for (double x : clean[t]) REQUIRE(std::isfinite(x));
@@ -215,4 +186,11 @@ TEST_CASE("edge: layer and factorize options that make no sense are an ad::Error
   EXPECT_ERROR(ad::semiseparable_factorize(h, 1, -5), "semiseparable_factorize", "max_iters");
   h.data<double>()[4] = std::nan("");
   EXPECT_ERROR(ad::semiseparable_factorize(h, 1), "semiseparable_factorize", "h[1, 1]", "not finite");
+}
+
+TEST_CASE("edge: a default-constructed SemiseparableMixer says it is empty") {
+  ad::SemiseparableMixer m;
+  ad::Graph g;
+  ad::Var x = g.input(ad::Tensor::zeros({1, 4, 8}));
+  EXPECT_ERROR(m(x), "SemiseparableMixer", "empty");
 }

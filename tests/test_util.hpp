@@ -446,4 +446,35 @@ inline bool is_forward_chain(const GraphImpl& g, std::int32_t loss) {
 
 }  // namespace remat
 
+// Attention over a batch of two (B = 2, H = 2, N = 70: two key tiles, d = 8)
+// whose first element holds 37 keys, the rest padding filled with `pad`:
+// the output and the gradients of q, k and v (loss: sum of out * w), on
+// `dev`, as doubles. Padding is never read, so they do not depend on `pad`.
+inline std::vector<std::vector<double>> padded_attention(DType dt, bool causal, double pad, Device dev) {
+  const std::int64_t B = 2, H = 2, N = 70, d = 8, len0 = 37;
+  Rng rng(11);
+  Tensor q = Tensor::randn({B, H, N, d}, rng, DType::f64), k = Tensor::randn({B, H, N, d}, rng, DType::f64),
+         v = Tensor::randn({B, H, N, d}, rng, DType::f64), w = Tensor::randn({B, H, N, d}, rng, DType::f64);
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t j = len0; j < N; ++j)
+      for (std::int64_t c = 0; c < d; ++c) {
+        const std::int64_t at = (h * N + j) * d + c;  // batch element 0
+        k.data<double>()[at] = pad;
+        v.data<double>()[at] = pad;
+      }
+  std::vector<std::int64_t> lv{len0, N};
+  Graph g;
+  auto in = [&](const Tensor& t) { return g.input(t.to(dt).to(dev)); };
+  Var qv = in(q), kv = in(k), vv = in(v);
+  AttentionOptions o;
+  o.causal = causal;
+  o.key_lengths = g.input(Tensor::from(std::span<const std::int64_t>(lv), {B}).to(dev));
+  Var out = attention(qv, kv, vv, o);
+  Var loss = sum(cast(mul(cast(out, DType::f64), g.input(w.to(dev))), DType::f64));
+  auto grads = grad(loss, {qv, kv, vv});
+  std::vector<std::vector<double>> r{out.value().to(Device::cpu()).to_vector()};
+  for (auto& gv : grads) r.push_back(gv.value().to(Device::cpu()).to_vector());
+  return r;
+}
+
 }  // namespace ad::test

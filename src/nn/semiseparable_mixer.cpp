@@ -31,6 +31,8 @@ SemiseparableMixer SemiseparableMixer::make(std::int64_t max_len, std::int64_t c
 }
 
 Var SemiseparableMixer::operator()(const Var& x) const {
+  if (max_len < 1 || channels < 1)
+    throw Error("SemiseparableMixer: an empty mixer (default-constructed); make one with SemiseparableMixer::make");
   if (!x.defined() || x.rank() != 3 || x.dim(2) != channels || x.dim(1) < 1 || x.dim(1) > max_len)
     throw Error(fmt::format("SemiseparableMixer: x must be (B, N, {}) with 1 <= N <= {}, got {}", channels, max_len,
                             x.defined() ? x.str() : std::string("an undefined Var")));
