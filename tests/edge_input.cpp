@@ -194,3 +194,8 @@ TEST_CASE("edge: a default-constructed SemiseparableMixer says it is empty") {
   ad::Var x = g.input(ad::Tensor::zeros({1, 4, 8}));
   EXPECT_ERROR(m(x), "SemiseparableMixer", "empty");
 }
+
+TEST_CASE("edge: an invalid UTF-8 name is shown escaped in the error") {
+  EXPECT_ERROR(ad::save_safetensors("never-written.safetensors", {{"bad\xff", ad::Tensor::ones({1})}}), "not valid UTF-8",
+               "\"bad\\xff\"");
+}

@@ -192,6 +192,19 @@ TEST_CASE("nn optim one parameter under two names (tied weights) is stepped once
   CHECK_THROWS_WITH_AS(nn::SGD(nn::NamedParameters{{"w", a}, {"w", b}}, o), doctest::Contains("repeated"), ad::Error);
 }
 
+TEST_CASE("nn optim data-parallel and ZeRO-1 hold a tied parameter once") {
+  Parameter a = param({1.0, 2.0}, DType::f64, "a"), b = param({3.0}, DType::f64, "b");
+  ad::dist::DataParallel dp(ad::dist::Communicator::local(), {a, b, a});
+  CHECK(dp.params().size() == 2);
+  ad::dist::Zero1 z(ad::dist::Communicator::local(), nn::NamedParameters{{"embed", a}, {"b", b}, {"head", a}},
+                    [](nn::NamedParameters shard) { return std::make_unique<nn::SGD>(std::move(shard)); });
+  CHECK(z.shard_elements() == 3);  // a's two elements once, b's one
+  set_grads({a, b}, {{1.0, 1.0}, {1.0}});
+  z.reduce_gradients();
+  z.step();
+  CHECK(a.value().to_vector() == std::vector<double>{1.0 - 0.01, 2.0 - 0.01});  // SGD's default lr, one step
+}
+
 TEST_CASE("nn optim names by index never collide with a parameter's own name") {
   Parameter named = param({1.0}, DType::f64, "1"), u1 = param({1.0}, DType::f64, ""), u2 = param({1.0}, DType::f64, "");
   nn::SGD opt(std::vector<Parameter>{named, u1, u2});

@@ -94,6 +94,10 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
   if (!loss.defined()) throw Error("backward: loss is an undefined Var");
   GraphImpl& g = *loss.graph();
+  if (!seed.defined() && g.node(loss.id()).meta.shape.numel() != 1)
+    throw Error(fmt::format("backward: loss {} is not a scalar; reduce it (ad::sum, ad::mean) or pass a seed "
+                            "gradient of its shape",
+                            loss.str()));
   auto it = g.grad_cache.find(loss.id());
   if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
     // Parameters the loss depends on.

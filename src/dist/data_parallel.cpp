@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
@@ -14,10 +15,13 @@
 namespace ad::dist {
 
 DataParallel::DataParallel(Communicator comm, std::vector<Parameter> params, std::int64_t bucket_bytes)
-    : comm_(std::move(comm)), params_(std::move(params)) {
-  if (params_.empty()) throw Error("DataParallel: no parameters");
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (!params_[i].defined()) throw Error(fmt::format("DataParallel: parameter {} is undefined", i));
+    : comm_(std::move(comm)) {
+  if (params.empty()) throw Error("DataParallel: no parameters");
+  std::set<const ParamState*> held;  // a parameter listed twice (tied weights) is reduced once
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) throw Error(fmt::format("DataParallel: parameter {} is undefined", i));
+    if (held.insert(params[i].state()).second) params_.push_back(params[i]);
+  }
   for (auto& p : params_) comm_.broadcast(p.value(), 0);
   build_buckets(bucket_bytes);
 }

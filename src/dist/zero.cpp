@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
@@ -42,7 +43,10 @@ std::vector<Tensor> values(const nn::NamedParameters& ps) {
 }  // namespace
 
 Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_optimizer)
-    : comm_(std::move(comm)), params_(std::move(params)) {
+    : comm_(std::move(comm)) {
+  std::set<const ParamState*> held;  // a parameter under two names (tied weights): one slice, its first name
+  for (auto& np : params)
+    if (!np.second.defined() || held.insert(np.second.state()).second) params_.push_back(std::move(np));
   if (params_.empty()) throw Error("Zero1: no parameters");
   dtype_ = params_[0].second.dtype();
   device_ = params_[0].second.value().device();

@@ -267,12 +267,24 @@ bool to_u64(const Value& v, std::uint64_t& out) {
 
 std::string quote(std::string_view s) {
   std::string out = "\"";
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
+  for (std::size_t i = 0; i < s.size();) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {  // a UTF-8 sequence as it is; a byte of none (only in error messages: names are checked) as \xNN
+      std::size_t n = utf8_len(s, i);
+      if (n == 0) {
+        out += fmt::format("\\x{:02x}", c);
+        ++i;
+      } else {
+        out.append(s.substr(i, n));
+        i += n;
+      }
+      continue;
+    }
     if (c == '"') out += "\\\"";
     else if (c == '\\') out += "\\\\";
     else if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-    else out += ch;
+    else out += static_cast<char>(c);
+    ++i;
   }
   return out + "\"";
 }

@@ -16,31 +16,33 @@ NamedTensors module_state(const Module& m) {
 
 namespace {
 // Checks `state` against the module; returns the (destination, source) pairs to copy.
-std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m, const NamedTensors& state, bool strict) {
+// `what` names the caller in errors (load_module_state, load_checkpoint).
+std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m, const NamedTensors& state, bool strict,
+                                                                 const char* what) {
   std::map<std::string, const Tensor*> src;
   for (const auto& nt : state)
     if (!src.emplace(nt.first, &nt.second).second)
-      throw Error(fmt::format("load_module: tensor \"{}\" appears twice", nt.first));
+      throw Error(fmt::format("{}: tensor \"{}\" appears twice", what, nt.first));
   std::set<std::string> names;
   std::vector<std::pair<Tensor, const Tensor*>> out;
   for (const auto& d : module_state(m)) {
     names.insert(d.first);
     auto it = src.find(d.first);
     if (it == src.end()) {
-      if (strict) throw Error(fmt::format("load_module: \"{}\" ({}{}) is missing", d.first, dtype_name(d.second.dtype()),
+      if (strict) throw Error(fmt::format("{}: \"{}\" ({}{}) is missing", what, d.first, dtype_name(d.second.dtype()),
                                           d.second.shape().str()));
       continue;
     }
     const Tensor& s = *it->second;
     if (s.shape() != d.second.shape() || s.dtype() != d.second.dtype())
-      throw Error(fmt::format("load_module: \"{}\" is {}{} in the source but {}{} in the module", d.first,
+      throw Error(fmt::format("{}: \"{}\" is {}{} in the source but {}{} in the module", what, d.first,
                               dtype_name(s.dtype()), s.shape().str(), dtype_name(d.second.dtype()), d.second.shape().str()));
     out.emplace_back(d.second, &s);
   }
   if (strict)
     for (const auto& nt : state)
       if (!names.count(nt.first))
-        throw Error(fmt::format("load_module: unexpected tensor \"{}\" (not a parameter or buffer of the module)", nt.first));
+        throw Error(fmt::format("{}: unexpected tensor \"{}\" (not a parameter or buffer of the module)", what, nt.first));
   return out;
 }
 void apply(std::vector<std::pair<Tensor, const Tensor*>>& pairs) {
@@ -49,7 +51,7 @@ void apply(std::vector<std::pair<Tensor, const Tensor*>>& pairs) {
 }  // namespace
 
 void load_module_state(const Module& m, const NamedTensors& state, bool strict) {
-  auto pairs = match_module_state(m, state, strict);
+  auto pairs = match_module_state(m, state, strict, "load_module");
   apply(pairs);
 }
 
@@ -102,7 +104,7 @@ Metadata load_checkpoint(const std::string& path, const Module& m, Optimizer& op
   // Nothing changes unless both fit: the module is checked, then the
   // optimizer checks and loads, then the module's values are copied.
   try {
-    auto pairs = match_module_state(m, model, true);
+    auto pairs = match_module_state(m, model, true, "load_checkpoint");
     opt.load_state(optim);
     apply(pairs);
   } catch (const Error& e) {
