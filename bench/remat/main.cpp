@@ -7,8 +7,11 @@
 //  3. Targets, printed PASS/FAIL: step time at a 2*sqrt(n)-activation budget,
 //     growth of sqrt_n's peak with depth, planning time of 1,000-node graphs.
 //  4. The budget policy against an exact oracle (oracle.hpp) on small graphs.
+//  5. Planning time against graph size: transformer stacks up to tens of
+//     thousands of nodes, budgets at 50 % and 25 % of keep_all's peak and one
+//     below the least feasible (the whole search, then BudgetError).
 //
-//   bench_remat [--json] [--csv FILE] [--rounds N] [--quick] [--sections 1234]
+//   bench_remat [--json] [--csv FILE] [--rounds N] [--quick] [--sections 12345]
 #include <ad/ad.hpp>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,7 +38,7 @@ namespace {
 
 struct Options {
   bool json = false, quick = false;
-  std::string csv, sections = "1234";
+  std::string csv, sections = "12345";
   int rounds = 7;
   std::size_t max_states = 1'000'000;  // per oracle search
 };
@@ -403,7 +407,7 @@ std::vector<FamilySummary> summarise(const std::vector<rb::OracleCase>& cs) {
 }
 
 void usage(const char* a0) {
-  std::fprintf(stderr, "usage: %s [--json] [--csv FILE] [--rounds N] [--quick] [--sections 1234] [--max-states N]\n", a0);
+  std::fprintf(stderr, "usage: %s [--json] [--csv FILE] [--rounds N] [--quick] [--sections 12345] [--max-states N]\n", a0);
 }
 
 }  // namespace
@@ -577,6 +581,55 @@ int main(int argc, char** argv) {
                           "max {:.1f} ms\n", pct(first, 0.5), pct(first, 1.0), pct(later, 0.5), pct(later, 1.0));
       }
       md += fmt::format("\n(oracle section: {:.1f} s)\n", secs);
+    }
+
+    if (want('5')) {
+      std::fprintf(stderr, "section 5: planning time against graph size\n");
+      md += "## 5. Planning time against graph size\n\n";
+      md += "Transformer blocks (batch 2, 16 tokens, dim 32, 4 heads) and tanh MLPs of width 32 (batch 16) with a "
+            "skip connection every 4 layers; the first (uncached) plan of one step.\n\n";
+      md += "| model | nodes | keep_all peak | budget | planned peak | plan ms |\n|---|---|---|---|---|---|\n";
+      js += ", \"plan_scaling\": [";
+      bool first_row = true;
+      std::vector<std::unique_ptr<rb::Model>> models;
+      for (int blocks : o.quick ? std::vector<int>{8, 32} : std::vector<int>{8, 32, 128, 512})
+        models.push_back(std::make_unique<rb::Transformer>(blocks, 2, 16, 32, 4, 3));
+      for (int layers : o.quick ? std::vector<int>{100, 600} : std::vector<int>{100, 600, 2400})
+        models.push_back(std::make_unique<rb::Mlp>(layers, 32, 16, 5, 8, 4));
+      for (const auto& mp : models) {
+        const rb::Model& tf = *mp;
+        std::int64_t top = 0, nodes = 0;
+        {
+          ad::Graph g;
+          top = ad::backward(tf.loss(g, false)).measured_peak_bytes;
+          nodes = g.num_nodes();
+          tf.zero_grad();
+        }
+        for (double frac : {0.5, 0.25, 0.001}) {
+          const auto budget = static_cast<std::int64_t>(static_cast<double>(top) * frac);
+          ad::Graph g;
+          ad::Var loss = tf.loss(g, false);
+          auto t0 = Clock::now();
+          std::string planned;
+          try {
+            ad::Plan p = ad::plan_backward(loss, ad::policy::budget(budget));
+            planned = mib(p.schedule.predicted_peak_bytes);
+          } catch (const ad::BudgetError& e) {
+            planned = fmt::format("BudgetError (least {})", mib(e.least_peak));
+          }
+          double ms = ms_since(t0);
+          std::fprintf(stderr, "  %s, %lld nodes, budget %.1f%%: %s in %.1f ms\n", tf.name().c_str(),
+                       static_cast<long long>(nodes), 100 * frac, planned.c_str(), ms);
+          md += fmt::format("| {} | {} | {} | {} ({:.1f}%) | {} | {:.1f} |\n", tf.name(), nodes, mib(top), mib(budget),
+                            100 * frac, planned, ms);
+          js += fmt::format("{}{{\"model\": {}, \"nodes\": {}, \"keep_all_peak\": {}, \"budget\": {}, \"plan_ms\": {:.3f}, "
+                            "\"planned\": {}}}", first_row ? "" : ", ", json_str(tf.name()), nodes, top, budget, ms,
+                            json_str(planned));
+          first_row = false;
+        }
+      }
+      js += "]";
+      md += "\n";
     }
     js += "}";
     std::fputs((o.json ? js + "\n" : md).c_str(), stdout);

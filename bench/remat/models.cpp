@@ -5,8 +5,8 @@
 
 namespace remat_bench {
 
-Mlp::Mlp(int depth, std::int64_t width, std::int64_t batch, std::uint64_t seed, int mark_every)
-    : depth_(depth), mark_every_(mark_every), width_(width), batch_(batch) {
+Mlp::Mlp(int depth, std::int64_t width, std::int64_t batch, std::uint64_t seed, int mark_every, int residual_every)
+    : depth_(depth), mark_every_(mark_every), residual_every_(residual_every), width_(width), batch_(batch) {
   ad::Rng rng(seed);
   for (int i = 0; i < depth; ++i) {
     w_.push_back(ad::Parameter::randn({width, width}, rng, 1.0 / std::sqrt(double(width))));
@@ -18,13 +18,20 @@ Mlp::Mlp(int depth, std::int64_t width, std::int64_t batch, std::uint64_t seed, 
   y_ = ad::Tensor::randn({batch, width}, rng, ad::DType::f32, 0.0, 0.5);
 }
 
-std::string Mlp::name() const { return fmt::format("MLP {} x tanh({}), batch {}", depth_, width_, batch_); }
+std::string Mlp::name() const {
+  return fmt::format("MLP {} x tanh({}), batch {}{}", depth_, width_, batch_,
+                     residual_every_ > 0 ? fmt::format(", a skip every {}", residual_every_) : "");
+}
 
 ad::Var Mlp::loss(ad::Graph& g, bool checkpoint_marks) const {
-  ad::Var h = g.input(x_);
+  ad::Var h = g.input(x_), skip = h;
   for (int i = 0; i < depth_; ++i) {
     h = ad::add(ad::matmul(h, w_[static_cast<std::size_t>(i)]), b_[static_cast<std::size_t>(i)]);  // [N,W] x [W,W] + [W]
     if (i + 1 < depth_) h = ad::tanh(h);
+    if (residual_every_ > 0 && (i + 1) % residual_every_ == 0) {
+      h = ad::add(h, skip);
+      skip = h;
+    }
     if (checkpoint_marks && mark_every_ > 0 && (i + 1) % mark_every_ == 0 && i + 1 < depth_) h = ad::checkpoint(h);
   }
   return ad::mse(h, g.input(y_));

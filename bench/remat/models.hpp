@@ -26,16 +26,18 @@ class Model {
 
 // depth x (matmul, +bias, tanh) of width `width` on a [batch, width] input; mse
 // against a random target. manual marks every mark_every-th layer output.
+// residual_every = k > 0: every k-th layer's output adds the output k layers
+// before it (a skip connection), so the graph is no chain.
 class Mlp : public Model {
  public:
-  Mlp(int depth, std::int64_t width, std::int64_t batch, std::uint64_t seed, int mark_every = 8);
+  Mlp(int depth, std::int64_t width, std::int64_t batch, std::uint64_t seed, int mark_every = 8, int residual_every = 0);
   std::string name() const override;
   ad::Var loss(ad::Graph& g, bool checkpoint_marks) const override;
   // bytes of one layer's activation, [batch, width] f32
   std::int64_t activation_bytes() const { return batch_ * width_ * 4; }
 
  private:
-  int depth_, mark_every_;
+  int depth_, mark_every_, residual_every_;
   std::int64_t width_, batch_;
   std::vector<ad::Parameter> w_, b_;
   ad::Tensor x_, y_;

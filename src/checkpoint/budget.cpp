@@ -99,6 +99,7 @@ class Dtr {
   bool ensure(std::int32_t v, std::vector<std::int32_t>& touched) {
     auto u = static_cast<std::size_t>(v);
     if (b_.present(v)) { last_[u] = ++clock_; return true; }
+    if (capped_ || over_cost_) return false;
     const Node& nd = p_.g.node(v);
     std::size_t locked = 0;
     bool ok = true;
@@ -112,6 +113,10 @@ class Dtr {
     if (ok) {
       b_.compute(v);
       touched.push_back(v);
+      // the limits hold inside one demand too: at a low level, recovering one
+      // evicted value can recompute (and evict) far more than the whole graph
+      if (max_steps_ && b_.s.steps.size() > max_steps_) capped_ = true;
+      if (b_.over_cap()) over_cost_ = true;
       if (is_view(v)) ++view_refs_[static_cast<std::size_t>(base_[u])];
       else live_ += p_.bytes[u];
       // only forward values are evicted: recomputing a gradient value would replay the backward pass behind it
@@ -468,11 +473,15 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse, Pruning* pruni
   // (On small problems, one bisection per DTR variant.)
   std::vector<Candidate> low;
   const std::int64_t fixed_best = best;
+  // a level whose DTR run grows past this many steps counts as not fitting
+  // (without a limit, runs at low levels of graphs of a few thousand nodes
+  // took minutes and tens of GB)
+  const std::size_t tier2_steps = std::max<std::size_t>(4 * max_steps, std::size_t(1) << 20);
   for (const auto& v : variants) {
     if (!small && v.order != &p.order) break;  // large problems: DTR's order and score only
     for (std::int64_t lo = lb, hi = fixed_best; lo < hi;) {
       std::int64_t mid = lo + (hi - lo) / 2;
-      auto s = Dtr(p, mid, v.order, 0, v.score).run();
+      auto s = Dtr(p, mid, v.order, tier2_steps, v.score).run();
       if (s && reuse) reuse_dying_inputs(p, *s);
       std::int64_t pk = s ? simulate_peak(p.g, *s) : -1;
       if (s && pk <= mid) {
