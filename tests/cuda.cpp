@@ -970,4 +970,10 @@ TEST_CASE("cuda: attention errors on the GPU name the op") {
     CHECK_THROWS_WITH_AS(eval(attention(q, k, k, o)), doctest::Contains("key_lengths[1] = 5 is outside [0, Nk = 4]"),
                          Error);
   }
+  {  // more query tiles than a grid's y holds (65,535 tiles of 64 f32 rows): said, not a failed launch
+    Graph g;
+    const std::int64_t n = 65536 * 64 + 1;
+    Var q = g.input(Tensor::zeros({1, 1, n, 8}).to(dev)), k = g.input(Tensor::zeros({1, 1, 4, 8}).to(dev));
+    CHECK_THROWS_WITH_AS(eval(attention(q, k, k)), doctest::Contains("over the CUDA grid's limit of 65535"), Error);
+  }
 }

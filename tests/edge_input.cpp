@@ -199,3 +199,9 @@ TEST_CASE("edge: an invalid UTF-8 name is shown escaped in the error") {
   EXPECT_ERROR(ad::save_safetensors("never-written.safetensors", {{"bad\xff", ad::Tensor::ones({1})}}), "not valid UTF-8",
                "\"bad\\xff\"");
 }
+
+TEST_CASE("edge: semicrf_cumulative scores whose sums overflow f32 are an ad::Error") {
+  ad::Graph g;
+  ad::Var sc = g.input(f32({3e38f, -3e38f, 3e38f, -3e38f}, {1, 2, 2}));
+  EXPECT_ERROR(ad::semicrf_cumulative(sc).value(), "semicrf_cumulative", "sequence 0 overflow f32");
+}

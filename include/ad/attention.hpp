@@ -19,7 +19,10 @@ struct AttentionOptions {
   std::optional<double> scale;
   // Optional i64 [B]: keys j >= key_lengths[b] of batch element b are masked
   // (padding) and never read: padding may hold anything, NaN included, in
-  // the forward and the backward. Undefined Var = no padding. Values outside [0, Nk] throw
+  // the forward and the backward. (The causal mask alone gives no such
+  // promise: as in a dense masked softmax, a NaN or inf in a key or value that
+  // a query may not see can still reach it. Mark padding with key_lengths.)
+  // Undefined Var = no padding. Values outside [0, Nk] throw
   // ad::Error when the op runs. Combined with `causal`, a query sees the keys
   // allowed by both masks.
   Var key_lengths;

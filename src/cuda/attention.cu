@@ -731,6 +731,18 @@ template <class F> void by_dp(i64 d, F f) {
 }
 template <class K> void launch(K kernel, dim3 grid, int threads, std::size_t smem, Geo g, const char* what, auto... args) {
   if (grid.x == 0 || grid.y == 0) return;
+  // the tiles along the sequence are the grid's y: at most 65,535 (about 4 million
+  // rows of f32, 2 million of f64); say so rather than fail to launch
+  if (grid.y > 65535u)
+    throw Error(std::string(what) + ": the sequence needs " + std::to_string(grid.y) +
+                " tiles, over the CUDA grid's limit of 65535 (Nq or Nk too long for these kernels)");
+  int dev = 0, optin = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  if (smem > static_cast<std::size_t>(optin))  // e.g. 99 KB on sm_86 / sm_89 parts, against 227 KB on an H100
+    throw Error(std::string(what) + ": needs " + std::to_string(smem) + " bytes of shared memory per block, this GPU allows " +
+                std::to_string(optin) + " (head size d = " + std::to_string(g.d) +
+                "; a smaller head size needs less)");
   check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
              "cudaFuncSetAttribute (attention shared memory)");
   kernel<<<grid, threads, smem>>>(g, args...);

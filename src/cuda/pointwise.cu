@@ -140,7 +140,7 @@ void cast(DType from, DType to, const void* x, void* y, std::int64_t n) {
   auto g = blocks_for(n);
   auto is16 = [](DType d) { return d == DType::f16 || d == DType::bf16; };
   if (from == to) {
-    cudaMemcpyAsync(y, x, n * dtype_size(from), cudaMemcpyDeviceToDevice, 0);
+    check_call(cudaMemcpyAsync(y, x, n * dtype_size(from), cudaMemcpyDeviceToDevice, 0), "cudaMemcpyAsync (cast)");
   } else if (from == DType::f32 && to == DType::f64) {
     cast_kernel<<<g, kThreads>>>(static_cast<const float*>(x), static_cast<double*>(y), n);
   } else if (from == DType::f64 && to == DType::f32) {

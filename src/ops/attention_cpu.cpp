@@ -239,9 +239,11 @@ void forward_cpu(const Dims& dm, const T* q, const T* k, const T* v, const std::
       std::fill(l, l + rb, T(0));
       const std::int64_t e_lo = key_end(i0, Nq, Nk, len, dm.causal), e_hi = key_end(i0 + rb - 1, Nq, Nk, len, dm.causal);
       for (std::int64_t j0 = 0; j0 < e_hi; j0 += t.bc) {
-        // no key at or past e_hi is read: a NaN or inf in masked keys and values
-        // (padding past the key length, the causal future) never meets a zero
-        // probability (0 * NaN = NaN)
+        // no key at or past e_hi (what the block's last row sees) is read: a NaN
+        // or inf in padding past the key length never meets a zero probability
+        // (0 * NaN = NaN). Inside a tile that the causal bound cuts, a row still
+        // multiplies the keys only later rows see by 0, as a dense masked
+        // softmax would (attention.hpp)
         const std::int64_t cb = std::min(t.bc, e_hi - j0);
         gemm(false, true, rb, cb, d, scale, Q + i0 * d, d, K + j0 * d, d, T(0), S, cb);  // S = scale Q_i K_j^T
         const bool full = j0 + cb <= e_lo;

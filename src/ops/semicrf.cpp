@@ -129,7 +129,8 @@ template <class E> [[noreturn]] void non_finite_score(const E* xb, std::int64_t 
                   fmt::format("scores[{}, {}, {}] = {} is not finite: cumulative scores cannot hold it (forbid "
                               "segments with -inf in Tr, D or P instead)",
                               b, i / C, i % C, static_cast<double>(xb[i])));
-  kernel_fail("semicrf_cumulative", fmt::format("the scores of sequence {} sum beyond the range of doubles", b));
+  kernel_fail("semicrf_cumulative", fmt::format("the cumulative scores of sequence {} overflow {} (scores too large)", b,
+                                                dtype_name(DTypeOf<E>::value)));
 }
 void semicrf_cumulative_cpu(const KernelArgs& k) {
   const std::int64_t B = k[0].shape()[0], T = k[0].shape()[1], C = k[0].shape()[2];
@@ -147,11 +148,14 @@ void semicrf_cumulative_cpu(const KernelArgs& k) {
       if (!std::isfinite(m)) non_finite_score(xb, b, T, C);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t c = 0; c < C; ++c) Sb[c] = E(0);
+      bool finite = true;  // every S in range of E (the GPU checks the last row)
       for (std::int64_t u = 0; u < T; ++u)
         for (std::int64_t c = 0; c < C; ++c) {
           acc[static_cast<std::size_t>(c)] += static_cast<double>(xb[u * C + c]) - m;
           Sb[(u + 1) * C + c] = static_cast<E>(acc[static_cast<std::size_t>(c)]);
+          finite &= std::isfinite(static_cast<double>(Sb[(u + 1) * C + c]));
         }
+      if (!finite) non_finite_score(xb, b, T, C);
     }
   });
 }
