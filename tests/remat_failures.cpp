@@ -142,6 +142,21 @@ TEST_CASE("remat: a policy copy with other settings does not reuse the original'
     CHECK(r.recomputed_nodes > recomputed1);
     CHECK(r.policy == "uniform(4)");
   }
+  // a selective copy given another predicate (another function or lambda)
+  ad::Policy sel = ad::policy::selective(ad::save_matmuls);
+  std::int64_t recomputed_sel = 0;
+  {
+    ad::Graph g;
+    recomputed_sel = ad::backward(build(g), sel).recomputed_nodes;
+  }
+  sel.keep = [](const ad::NodeInfo&) { return true; };  // keep everything: nothing to recompute
+  {
+    ad::Graph g;
+    ad::Report r = ad::backward(build(g), sel);
+    CHECK_FALSE(r.plan_cached);
+    CHECK(r.recomputed_nodes == 0);
+    CHECK(recomputed_sel > 0);
+  }
   CHECK(ad::policy::sqrt_n().compressed(ad::DType::bf16).name() == "sqrt_n+bf16");
   CHECK(ad::policy::sqrt_n().offloaded().name() == "sqrt_n+offload");
 }

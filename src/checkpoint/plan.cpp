@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string_view>
 #include <unordered_map>
 
 #include "checkpoint/cache.hpp"
@@ -187,8 +190,10 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   if (policy.cache) {
     key = PlanCache::key(g, targets, sinks);
     // copies share the cache, and a copy may change any setting: every one is
-    // part of the key (a selective policy's `keep` function cannot be: give a
-    // new predicate its own policy::selective)
+    // part of the key. A selective policy's `keep` enters by its type (and
+    // its address, for a plain function): another lambda or function plans
+    // afresh; the same lambda type with other captures cannot be told apart
+    // (give such a predicate its own policy::selective)
     key.push_back(static_cast<std::uint64_t>(policy.kind));
     key.push_back(static_cast<std::uint64_t>(policy.every));
     key.push_back(static_cast<std::uint64_t>(policy.budget_bytes));
@@ -196,6 +201,12 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
     key.push_back(static_cast<std::uint64_t>(policy.compress));
     key.push_back(policy.offload);
     key.push_back(policy.reuse_buffers);
+    if (policy.keep) {
+      key.push_back(std::hash<std::string_view>{}(policy.keep.target_type().name()));
+      using Fn = bool (*)(const NodeInfo&);
+      const Fn* fn = policy.keep.target<Fn>();
+      key.push_back(fn ? reinterpret_cast<std::uintptr_t>(*fn) : 0);
+    }
     if (policy.cache->find(key, s)) {
       s.sinks.clear();  // the cached plan's steps, this call's parameters
       for (const auto& sk : sinks) s.sinks.push_back(sk.param);
