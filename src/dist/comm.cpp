@@ -84,18 +84,51 @@ void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, con
 }
 
 }  // namespace
-// Every rank must pass the same element count and dtype: one small
-// all-reduce of (n, -n, dtype, -dtype) with MAX finds a rank that differs.
-void check_same(const Communicator::Impl& c, const char* op, std::int64_t n, DType d, const std::string& mine) {
-  std::int64_t v[4] = {n, -n, static_cast<std::int64_t>(d), -static_cast<std::int64_t>(d)};
+// Every rank must call the same collective (same root or reduce op: `arg`)
+// on a tensor of the same shape and dtype: one small all-reduce of each
+// field and its negation with MAX gives every field's largest and smallest
+// value over the ranks, and a field whose two differ names the disagreement
+// on every rank at once (rather than pairing mismatched calls).
+void check_same(const Communicator::Impl& c, const char* op, const Shape& shape, DType d, std::int64_t arg,
+                const std::string& mine) {
+  constexpr int F = 4 + kMaxRank;  // op, arg, dtype, rank, dims
+  std::int64_t f[F] = {};
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the collective's name
+  for (const char* p = op; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+  f[0] = static_cast<std::int64_t>(h >> 1);
+  f[1] = arg;
+  f[2] = static_cast<std::int64_t>(d);
+  f[3] = shape.rank();
+  for (int i = 0; i < shape.rank(); ++i) f[4 + i] = shape[i];
+  std::int64_t v[2 * F];
+  for (int i = 0; i < F; ++i) {
+    v[i] = f[i];
+    v[F + i] = -f[i];
+  }
   MPI_Request req;
-  AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 4, MPI_INT64_T, MPI_MAX, c.comm, &req), op);
+  AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2 * F, MPI_INT64_T, MPI_MAX, c.comm, &req), op);
   wait_for(c, req, op, mine);
-  if (v[0] != -v[1] || v[2] != -v[3])
-    throw Error(fmt::format("{}: ranks disagree on the tensor: rank {} has {} ({} elements) but another rank has {} "
-                            "elements of dtype {}",
-                            op, c.rank, mine, n, v[0] == n ? -v[1] : v[0],
-                            dtype_name(static_cast<DType>(v[2] == static_cast<std::int64_t>(d) ? -v[3] : v[2]))));
+  auto other = [&](int i) { return v[i] == f[i] ? -v[F + i] : v[i]; };  // a value another rank has
+  if (v[0] != -v[F])
+    throw Error(fmt::format("{}: ranks call different collectives: rank {} calls {} on {} while another rank calls "
+                            "another one (every rank must make the same collective calls in the same order)",
+                            op, c.rank, op, mine));
+  if (v[1] != -v[F + 1]) {
+    const bool root = std::string(op) == "broadcast";
+    auto name = [&](std::int64_t a) {
+      return root ? std::to_string(a) : std::string(static_cast<ReduceOp>(a) == ReduceOp::mean ? "mean" : "sum");
+    };
+    throw Error(fmt::format("{}: ranks disagree on the {}: rank {} passes {}, another rank {}", op,
+                            root ? "root" : "reduce op", c.rank, name(arg), name(other(1))));
+  }
+  for (int i = 2; i < F; ++i)
+    if (v[i] != -v[F + i])
+      throw Error(fmt::format("{}: ranks disagree on the tensor: rank {} has {} but another rank's {} is {}", op, c.rank,
+                              mine,
+                              i == 2 ? "dtype"
+                              : i == 3 ? "rank"
+                                       : fmt::format("dimension {}", i - 4),
+                              i == 2 ? std::string(dtype_name(static_cast<DType>(other(i)))) : std::to_string(other(i))));
 }
 namespace {
 
@@ -209,7 +242,7 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
   }
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "all_reduce", t.numel(), t.dtype(), what(t));
+    check_same(*impl_, "all_reduce", t.shape(), t.dtype(), static_cast<std::int64_t>(op), what(t));
     AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), MPI_SUM,
                                 impl_->comm, &w.impl_->req),
                  "all_reduce");
@@ -229,7 +262,7 @@ void Communicator::broadcast(Tensor& t, int root) const {
   if (impl_->nccl) return nccl_broadcast(*impl_, t, root);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
-  check_same(*impl_, "broadcast", t.numel(), t.dtype(), what(t));
+  check_same(*impl_, "broadcast", t.shape(), t.dtype(), root, what(t));
   MPI_Request req;
   AD_MPI_CHECK(MPI_Ibcast(t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, impl_->comm, &req),
                "broadcast");
@@ -247,7 +280,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
   if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "reduce_scatter", in.numel(), in.dtype(), what(in));
+    check_same(*impl_, "reduce_scatter", in.shape(), in.dtype(), static_cast<std::int64_t>(op), what(in));
     MPI_Request req;
     AD_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
                                            MPI_SUM, impl_->comm, &req),
@@ -270,7 +303,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
   if (impl_->nccl) return nccl_all_gather(*impl_, in, out);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "all_gather", in.numel(), in.dtype(), what(in));
+    check_same(*impl_, "all_gather", in.shape(), in.dtype(), 0, what(in));
     MPI_Request req;
     AD_MPI_CHECK(MPI_Iallgather(in.raw(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw(),
                                 static_cast<int>(in.numel()), mpi_type(in.dtype()), impl_->comm, &req),

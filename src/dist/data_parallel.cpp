@@ -64,18 +64,29 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
     for (auto m : buckets_[b].members) bucket_of[m] = b;
   }
   std::size_t next = 0;  // buckets start in index order on every rank
+  // A bucket is its members' gradients, then one element per member: 1 where
+  // this rank's loss reached it (a fresh gradient), else 0. After the mean,
+  // a member whose flag is 0 on every rank got no gradient anywhere: it is
+  // left without a fresh one (its optimizer does not step it), alike on
+  // every rank.
   auto start = [&](std::size_t b) {
     const Bucket& bk = buckets_[b];
     const Device dev = params_[bk.members.front()].value().device();
-    fl[b].flat = Tensor::empty({bk.elems}, bk.dtype, dev);
+    const auto nm = static_cast<std::int64_t>(bk.members.size());
+    fl[b].flat = Tensor::empty({bk.elems + nm}, bk.dtype, dev);
     auto* dst = static_cast<char*>(fl[b].flat.raw());
+    Tensor flags = Tensor::empty({nm}, bk.dtype);
+    std::int64_t k = 0;
     for (auto m : bk.members) {
+      const bool fresh = params_[m].has_fresh_grad();
       const Tensor& gr = params_[m].grad();
       std::size_t n = params_[m].value().nbytes();
       if (gr.defined()) device::copy(dst, dev, gr.raw(), gr.device(), n);
       else device::memset(dev, dst, 0, n);
       dst += n;
+      flags.view(k++, {1}).fill(fresh ? 1.0 : 0.0);
     }
+    device::copy(dst, dev, flags.raw(), Device::cpu(), flags.nbytes());
     fl[b].work = comm_.all_reduce_async(fl[b].flat, ReduceOp::mean);
     fl[b].started = true;
   };
@@ -108,14 +119,19 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
   for (std::size_t b = next; b < buckets_.size(); ++b) start(b);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     fl[b].work.wait();
+    const Bucket& bk = buckets_[b];
+    const auto nm = static_cast<std::int64_t>(bk.members.size());
+    const std::vector<double> reached = fl[b].flat.view(bk.elems, {nm}).to(Device::cpu()).to_vector();
     const auto* src = static_cast<const char*>(fl[b].flat.raw());
-    for (auto m : buckets_[b].members) {
-      ParamState& s = *params_[m].state();
+    for (std::size_t k = 0; k < bk.members.size(); ++k) {
+      ParamState& s = *params_[bk.members[k]].state();
       std::size_t n = s.value.nbytes();
-      if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
-      device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
-      s.grad_zero = false;  // overwritten with the mean
-      s.grad_fresh = true;
+      if (reached[k] > 0) {  // some rank's loss reached it: the mean over the ranks
+        if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
+        device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
+        s.grad_zero = false;  // overwritten with the mean
+        s.grad_fresh = true;
+      }
       src += n;
     }
   }
@@ -123,8 +139,13 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
 }
 
 void DataParallel::all_reduce_gradients() {
-  for (auto& p : params_) {
-    ParamState& s = *p.state();
+  // which parameters some rank's loss reached (the others keep no fresh gradient, on every rank)
+  Tensor reached = Tensor::empty({static_cast<std::int64_t>(params_.size())}, DType::f64);
+  for (std::size_t i = 0; i < params_.size(); ++i) reached.data<double>()[i] = params_[i].has_fresh_grad() ? 1.0 : 0.0;
+  comm_.all_reduce(reached, ReduceOp::sum);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!(reached.data<double>()[i] > 0)) continue;
+    ParamState& s = *params_[i].state();
     if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
     comm_.all_reduce(s.grad_now(), ReduceOp::mean);
     s.grad_fresh = true;

@@ -41,7 +41,8 @@ struct Communicator::Work::Impl {
 
 #if AD_HAVE_MPI
 // Every rank passes `n` elements of dtype `d`, else ad::Error on every rank (MPI).
-void check_same(const Communicator::Impl& c, const char* op, std::int64_t n, DType d, const std::string& mine);
+void check_same(const Communicator::Impl& c, const char* op, const Shape& shape, DType d, std::int64_t arg,
+                const std::string& mine);
 #endif
 
 // ---- NCCL backend (nccl.cpp; in a build without NCCL, nccl_init throws and

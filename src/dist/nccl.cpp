@@ -55,11 +55,12 @@ struct OnDevice {
 };
 std::string what(const Tensor& t) { return fmt::format("{}{}@cuda:{}", dtype_name(t.dtype()), t.shape().str(), t.device().index); }
 
-void same_everywhere(const Communicator::Impl& c, const char* op, std::int64_t n, DType d, const Tensor& t) {
+// arg: the root or the reduce op (check_same)
+void same_everywhere(const Communicator::Impl& c, const char* op, std::int64_t arg, const Tensor& t) {
 #if AD_HAVE_MPI
-  if (c.mpi) check_same(c, op, n, d, what(t));
+  if (c.mpi) check_same(c, op, t.shape(), t.dtype(), arg, what(t));
 #else
-  (void)c, (void)op, (void)n, (void)d, (void)t;
+  (void)c, (void)op, (void)arg, (void)t;
 #endif
 }
 
@@ -133,7 +134,7 @@ Communicator::Work::Impl::~Impl() {
 }
 
 void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w) {
-  same_everywhere(c, "all_reduce", w.t.numel(), w.t.dtype(), w.t);
+  same_everywhere(c, "all_reduce", static_cast<std::int64_t>(w.op), w.t);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclAllReduce(w.t.raw(), w.t.raw(), static_cast<std::size_t>(w.t.numel()), nccl_type(w.t.dtype()),
                               ncclSum, comm_of(c), 0),
@@ -157,7 +158,7 @@ bool nccl_test(Communicator::Work::Impl& w) {
   return true;
 }
 void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root) {
-  same_everywhere(c, "broadcast", t.numel(), t.dtype(), t);
+  same_everywhere(c, "broadcast", root, t);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()), root,
                               comm_of(c), 0),
@@ -166,7 +167,7 @@ void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root) {
   sync(c, "broadcast", what(t));
 }
 void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& out, ReduceOp op) {
-  same_everywhere(c, "reduce_scatter", in.numel(), in.dtype(), in);
+  same_everywhere(c, "reduce_scatter", static_cast<std::int64_t>(op), in);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()), nccl_type(in.dtype()),
                                   ncclSum, comm_of(c), 0),
@@ -176,7 +177,7 @@ void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& 
   sync(c, "reduce_scatter", what(in));
 }
 void nccl_all_gather(const Communicator::Impl& c, const Tensor& in, Tensor& out) {
-  same_everywhere(c, "all_gather", in.numel(), in.dtype(), in);
+  same_everywhere(c, "all_gather", 0, in);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()), nccl_type(in.dtype()),
                               comm_of(c), 0),

@@ -101,6 +101,9 @@ void Zero1::gather_parameters() {
 }
 
 void Zero1::step() {
+  // the shard starts from the parameters as they are now: values written
+  // since the last step (loaded weights, a manual change) are not undone
+  copy_range(values(params_), begin_, shard_param_.value(), true);
   opt_->step();
   gather_parameters();
 }

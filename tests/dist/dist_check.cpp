@@ -73,6 +73,31 @@ void collectives(const ad::dist::Communicator& c) {
     threw = std::string(e.what()).find("ranks disagree") != std::string::npos;
   }
   check(threw || p == 1, "mismatched shapes give ad::Error", c);
+  // the same element count in another shape, another root, another reduce op,
+  // another collective: each an ad::Error on every rank, at once
+  auto fails_with = [&](auto f, const char* needle) {
+    try {
+      f();
+    } catch (const ad::Error& e) {
+      return std::string(e.what()).find(needle) != std::string::npos;
+    }
+    return false;
+  };
+  ad::Tensor turned = ad::Tensor::zeros(r == 0 ? ad::Shape{2, 3} : ad::Shape{3, 2});
+  check(fails_with([&] { c.all_reduce(turned); }, "another rank's dimension 0") || p == 1, "same count, other shape", c);
+  ad::Tensor six = ad::Tensor::zeros({6});
+  check(fails_with([&] { c.broadcast(six, r == 0 ? 0 : 1); }, "disagree on the root") || p == 1, "other roots", c);
+  check(fails_with([&] { c.all_reduce(six, r == 0 ? ad::dist::ReduceOp::sum : ad::dist::ReduceOp::mean); },
+                   "disagree on the reduce op") ||
+            p == 1,
+        "other reduce ops", c);
+  ad::Tensor big = ad::Tensor::zeros({6 * p});
+  check(fails_with([&] {
+          if (r == 0) c.reduce_scatter(big, six);
+          else c.all_reduce(six);
+        }, "ranks call different collectives") || p == 1,
+        "other collectives", c);
+  c.barrier();
   // shape errors caught locally
   threw = false;
   try {
@@ -85,6 +110,39 @@ void collectives(const ad::dist::Communicator& c) {
   ad::Tensor one = ad::Tensor::ones({1}, ad::DType::f64);
   c.all_reduce(one);
   check(one.item() == p, "usable after an error", c);
+  // DataParallel: a parameter no rank's loss reached is not stepped (as in one process)
+  {
+    ad::Parameter used = ad::Parameter::zeros({4}, ad::DType::f64, "used"), idle = ad::Parameter::zeros({4}, ad::DType::f64, "idle");
+    ad::dist::DataParallel dp(c, {used, idle});
+    ad::nn::SGDOptions so;
+    so.lr = 0.1;
+    so.momentum = 0.9;
+    ad::nn::SGD opt(ad::nn::NamedParameters{{"used", used}, {"idle", idle}}, so);
+    for (int step = 0; step < 3; ++step) {
+      ad::Graph g;
+      ad::Var loss = ad::sum(step == 0 ? ad::add(g.param(used), g.param(idle)) : ad::mul_scalar(g.param(used), 1.0));
+      dp.backward(loss);
+      check(used.has_fresh_grad(), "a used parameter has a fresh gradient", c);
+      check(idle.has_fresh_grad() == (step == 0), "an unused parameter has none after step 0", c);
+      opt.step();
+      opt.zero_grad();
+    }
+    check(idle.value().to_vector() == std::vector<double>(4, -0.1), "the unused parameter moved once only", c);
+  }
+  // Zero1 starts each step from the parameters as they are (values written after it was made count)
+  {
+    ad::Parameter w = ad::Parameter::zeros({5}, ad::DType::f64, "w");
+    ad::dist::Zero1 z(c, ad::nn::NamedParameters{{"w", w}}, [](ad::nn::NamedParameters s) {
+      ad::nn::SGDOptions so;
+      so.lr = 0.1;
+      return std::make_unique<ad::nn::SGD>(std::move(s), so);
+    });
+    w.value().fill(5.0);  // e.g. pretrained weights loaded after the optimizer was made
+    ad::Graph g;
+    z.backward(ad::sum(g.param(w)));
+    z.step();
+    check(w.value().to_vector() == std::vector<double>(5, 4.9), "Zero1 keeps values written after it was made", c);
+  }
   fmt::print("rank {}: collectives {}\n", r, failures ? "FAILED" : "ok");
 }
 
