@@ -65,9 +65,10 @@ class Communicator {
   // dtype (f32, f64 or i64; mean needs f32/f64). Checked before any data
   // moves, for every collective: ranks that differ in shape, dtype, root or
   // reduce op, or that call different collectives, all get an ad::Error
-  // naming the difference. (An argument error one rank finds alone, e.g. mean
-  // on i64, is thrown there; the others reach the timeout.) Blocking, with
-  // the timeout.
+  // naming the difference; an argument error one rank finds alone (mean on
+  // i64) is thrown there and, under MPI, every other rank learns at once
+  // that a call was invalid (with NCCL they reach the timeout). Blocking,
+  // with the timeout.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) const;
   // Root's values into t on every rank (same shape and dtype everywhere).
   void broadcast(Tensor& t, int root = 0) const;

@@ -34,6 +34,17 @@ void check_tensor(const Communicator::Impl& c, const char* op, const Tensor& t, 
     throw Error(fmt::format("{}: dtype of {} not supported (f32, f64{})", op, what(t), need_float ? "" : ", i64"));
 }
 
+// The ad::Error that f throws, or "" (a collective's local argument checks:
+// under MPI every rank learns of an invalid call, check_same).
+template <class F> std::string local_error(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 void divide(Tensor& t, double by) {
   if (t.dtype() == DType::f32) {
     auto* p = t.data<float>();
@@ -90,8 +101,8 @@ void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, con
 // value over the ranks, and a field whose two differ names the disagreement
 // on every rank at once (rather than pairing mismatched calls).
 void check_same(const Communicator::Impl& c, const char* op, const Shape& shape, DType d, std::int64_t arg,
-                const std::string& mine) {
-  constexpr int F = 4 + kMaxRank;  // op, arg, dtype, rank, dims
+                const std::string& mine, const std::string& local_error) {
+  constexpr int F = 5 + kMaxRank;  // op, arg, dtype, rank, dims, and whether this rank's call was invalid
   std::int64_t f[F] = {};
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the collective's name
   for (const char* p = op; *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
@@ -100,6 +111,7 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
   f[2] = static_cast<std::int64_t>(d);
   f[3] = shape.rank();
   for (int i = 0; i < shape.rank(); ++i) f[4 + i] = shape[i];
+  f[F - 1] = local_error.empty() ? 0 : 1;
   std::int64_t v[2 * F];
   for (int i = 0; i < F; ++i) {
     v[i] = f[i];
@@ -109,6 +121,11 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
   AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2 * F, MPI_INT64_T, MPI_MAX, c.comm, &req), op);
   wait_for(c, req, op, mine);
   auto other = [&](int i) { return v[i] == f[i] ? -v[F + i] : v[i]; };  // a value another rank has
+  // a call one rank found invalid by itself fails on every rank, now rather than at the timeout
+  if (!local_error.empty()) throw Error(local_error);
+  if (v[F - 1] > 0)
+    throw Error(fmt::format("{}: another rank's call was invalid (its own error says why); rank {} passed {}", op,
+                            c.rank, mine));
   if (v[0] != -v[F])
     throw Error(fmt::format("{}: ranks call different collectives: rank {} calls {} on {} while another rank calls "
                             "another one (every rank must make the same collective calls in the same order)",
@@ -121,7 +138,7 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
     throw Error(fmt::format("{}: ranks disagree on the {}: rank {} passes {}, another rank {}", op,
                             root ? "root" : "reduce op", c.rank, name(arg), name(other(1))));
   }
-  for (int i = 2; i < F; ++i)
+  for (int i = 2; i < F - 1; ++i)
     if (v[i] != -v[F + i])
       throw Error(fmt::format("{}: ranks disagree on the tensor: rank {} has {} but another rank's {} is {}", op, c.rank,
                               mine,
@@ -229,7 +246,8 @@ bool Communicator::Work::test() {
 }
 
 Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const {
-  check_tensor(*impl_, "all_reduce", t, op == ReduceOp::mean);
+  const std::string bad = local_error([&] { check_tensor(*impl_, "all_reduce", t, op == ReduceOp::mean); });
+  if (!bad.empty() && !impl_->mpi) throw Error(bad);
   Work w;
   w.impl_ = std::make_unique<Work::Impl>();
   w.impl_->c = impl_.get();
@@ -237,12 +255,13 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
   w.impl_->op = op;
   w.impl_->done = false;
   if (impl_->nccl) {
+    if (!bad.empty()) throw Error(bad);
     nccl_all_reduce(*impl_, *w.impl_);
     return w;
   }
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "all_reduce", t.shape(), t.dtype(), static_cast<std::int64_t>(op), what(t));
+    check_same(*impl_, "all_reduce", t.shape(), t.dtype(), static_cast<std::int64_t>(op), what(t), bad);
     AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), MPI_SUM,
                                 impl_->comm, &w.impl_->req),
                  "all_reduce");
@@ -257,12 +276,15 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) const { all_reduce_async(t, op).wait(); }
 
 void Communicator::broadcast(Tensor& t, int root) const {
-  check_tensor(*impl_, "broadcast", t, false);
-  if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
+  const std::string bad = local_error([&] {
+    check_tensor(*impl_, "broadcast", t, false);
+    if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
+  });
+  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
   if (impl_->nccl) return nccl_broadcast(*impl_, t, root);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
-  check_same(*impl_, "broadcast", t.shape(), t.dtype(), root, what(t));
+  check_same(*impl_, "broadcast", t.shape(), t.dtype(), root, what(t), bad);
   MPI_Request req;
   AD_MPI_CHECK(MPI_Ibcast(t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, impl_->comm, &req),
                "broadcast");
@@ -272,15 +294,18 @@ void Communicator::broadcast(Tensor& t, int root) const {
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) const {
-  check_tensor(*impl_, "reduce_scatter", in, op == ReduceOp::mean);
-  check_tensor(*impl_, "reduce_scatter", out, op == ReduceOp::mean);
-  if (in.dtype() != out.dtype() || in.numel() != out.numel() * size())
-    throw Error(fmt::format("reduce_scatter: in {} must hold world size ({}) x out {} elements of one dtype", what(in),
-                            size(), what(out)));
+  const std::string bad = local_error([&] {
+    check_tensor(*impl_, "reduce_scatter", in, op == ReduceOp::mean);
+    check_tensor(*impl_, "reduce_scatter", out, op == ReduceOp::mean);
+    if (in.dtype() != out.dtype() || in.numel() != out.numel() * size())
+      throw Error(fmt::format("reduce_scatter: in {} must hold world size ({}) x out {} elements of one dtype", what(in),
+                              size(), what(out)));
+  });
+  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
   if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "reduce_scatter", in.shape(), in.dtype(), static_cast<std::int64_t>(op), what(in));
+    check_same(*impl_, "reduce_scatter", in.shape(), in.dtype(), static_cast<std::int64_t>(op), what(in), bad);
     MPI_Request req;
     AD_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw(), out.raw(), static_cast<int>(out.numel()), mpi_type(in.dtype()),
                                            MPI_SUM, impl_->comm, &req),
@@ -295,15 +320,18 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) const {
-  check_tensor(*impl_, "all_gather", in, false);
-  check_tensor(*impl_, "all_gather", out, false);
-  if (in.dtype() != out.dtype() || out.numel() != in.numel() * size())
-    throw Error(fmt::format("all_gather: out {} must hold world size ({}) x in {} elements of one dtype", what(out),
-                            size(), what(in)));
+  const std::string bad = local_error([&] {
+    check_tensor(*impl_, "all_gather", in, false);
+    check_tensor(*impl_, "all_gather", out, false);
+    if (in.dtype() != out.dtype() || out.numel() != in.numel() * size())
+      throw Error(fmt::format("all_gather: out {} must hold world size ({}) x in {} elements of one dtype", what(out),
+                              size(), what(in)));
+  });
+  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
   if (impl_->nccl) return nccl_all_gather(*impl_, in, out);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
-    check_same(*impl_, "all_gather", in.shape(), in.dtype(), 0, what(in));
+    check_same(*impl_, "all_gather", in.shape(), in.dtype(), 0, what(in), bad);
     MPI_Request req;
     AD_MPI_CHECK(MPI_Iallgather(in.raw(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw(),
                                 static_cast<int>(in.numel()), mpi_type(in.dtype()), impl_->comm, &req),

@@ -41,8 +41,10 @@ struct Communicator::Work::Impl {
 
 #if AD_HAVE_MPI
 // Every rank passes `n` elements of dtype `d`, else ad::Error on every rank (MPI).
+// local_error: this rank's own argument error ("" if none): thrown here, and
+// every other rank throws that some rank's call was invalid.
 void check_same(const Communicator::Impl& c, const char* op, const Shape& shape, DType d, std::int64_t arg,
-                const std::string& mine);
+                const std::string& mine, const std::string& local_error = {});
 #endif
 
 // ---- NCCL backend (nccl.cpp; in a build without NCCL, nccl_init throws and

@@ -97,6 +97,11 @@ void collectives(const ad::dist::Communicator& c) {
           else c.all_reduce(six);
         }, "ranks call different collectives") || p == 1,
         "other collectives", c);
+  // an argument error only one rank finds (mean on i64): every rank fails at once, and all go on
+  ad::Tensor ints = ad::Tensor::zeros({4}, r == 0 ? ad::DType::i64 : ad::DType::f64);
+  check(fails_with([&] { c.all_reduce(ints, ad::dist::ReduceOp::mean); },
+                   r == 0 ? "dtype of i64[4] not supported" : "another rank's call was invalid"),
+        "a local argument error fails every rank", c);
   c.barrier();
   // shape errors caught locally
   threw = false;
