@@ -53,6 +53,24 @@ Attrs reduce_attrs(const char* op, const Operand& x, const Shape& axes, bool kee
   at.keepdim = keepdim;
   return at;
 }
+// Calls f(i, o) for every element i of x (shape xs) in order, with o its
+// element of the reduced output (keepdim shape ks): an odometer over xs.
+template <class F> void for_each_reduced(const Shape& xs, const Shape& ks, F f) {
+  const std::int64_t n = xs.numel();
+  const int r = xs.rank();
+  std::int64_t st[kMaxRank];
+  kernels::broadcast_strides(ks, xs, st);
+  std::int64_t idx[kMaxRank] = {0};
+  std::int64_t off = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    f(i, off);
+    for (int q = r - 1; q >= 0; --q) {
+      if (++idx[q] < xs[q]) { off += st[q]; break; }
+      off -= st[q] * (xs[q] - 1);
+      idx[q] = 0;
+    }
+  }
+}
 bool suffix_axes(const Shape& xs, const Shape& axes) {
   for (int i = 0; i < axes.rank(); ++i)
     if (axes[i] != xs.rank() - axes.rank() + i) return false;
@@ -82,19 +100,9 @@ void reduce_into(const T* x, const Shape& xs, const Shape& axes, T* y, double in
     using A = std::remove_pointer_t<decltype(into)>;
     for (std::int64_t i = 0; i < ny; ++i) into[i] = static_cast<A>(init);
     if (n == 0) return;
-    int r = xs.rank();
-    std::int64_t st[kMaxRank];
-    kernels::broadcast_strides(ks, xs, st);
-    std::int64_t idx[kMaxRank] = {0};
-    std::int64_t off = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      into[off] = static_cast<A>(step(static_cast<double>(into[off]), static_cast<double>(x[i])));
-      for (int q = r - 1; q >= 0; --q) {
-        if (++idx[q] < xs[q]) { off += st[q]; break; }
-        off -= st[q] * (xs[q] - 1);
-        idx[q] = 0;
-      }
-    }
+    for_each_reduced(xs, ks, [&](std::int64_t i, std::int64_t o) {
+      into[o] = static_cast<A>(step(static_cast<double>(into[o]), static_cast<double>(x[i])));
+    });
   };
   if (sums) {
     walk(sums);
@@ -233,22 +241,11 @@ void max_backward_cpu(const KernelArgs& k) {
     std::int64_t n = xs.numel();
     if (n == 0) return;  // (no workspace then)
     std::memset(given, 0, static_cast<std::size_t>(k[1].numel()));
-    Shape ks = keepdim_shape(xs, k.attrs.axes);
-    int r = xs.rank();
-    std::int64_t st[kMaxRank];
-    kernels::broadcast_strides(ks, xs, st);
-    std::int64_t idx[kMaxRank] = {0};
-    std::int64_t off = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      bool hit = !given[off] && (x[i] == y[off] || (x[i] != x[i] && y[off] != y[off]));
-      dx[i] = hit ? dy[off] : T(0);
-      if (hit) given[off] = 1;
-      for (int q = r - 1; q >= 0; --q) {
-        if (++idx[q] < xs[q]) { off += st[q]; break; }
-        off -= st[q] * (xs[q] - 1);
-        idx[q] = 0;
-      }
-    }
+    for_each_reduced(xs, keepdim_shape(xs, k.attrs.axes), [&](std::int64_t i, std::int64_t o) {
+      bool hit = !given[o] && (x[i] == y[o] || (x[i] != x[i] && y[o] != y[o]));
+      dx[i] = hit ? dy[o] : T(0);
+      if (hit) given[o] = 1;
+    });
   });
 }
 AD_CUDA_ONLY(void max_backward_cuda(const KernelArgs& k) {
