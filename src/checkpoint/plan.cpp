@@ -36,7 +36,6 @@ std::string Policy::name() const {
   if (offload) n += "+offload";
   return compress == DType::f32 ? n : fmt::format("{}+{}", n, dtype_name(compress));
 }
-std::string policy_name(const Policy& p) { return p.name(); }
 
 Policy Policy::compressed(DType storage) const {
   if (storage != DType::f16 && storage != DType::bf16)
@@ -229,7 +228,7 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   s.offload_peak_bytes = planner::offload_peak(p, s);
   s.kept_bytes = kept_bytes(p, s);
   if (policy.kind == Policy::Kind::budget) s.budget_bytes = policy.budget_bytes;
-  s.policy = policy_name(policy);
+  s.policy = policy.name();
   if (policy.cache) {
     Schedule stored = s;
     stored.sinks.clear();  // parameters are not part of the plan
