@@ -2,6 +2,7 @@
 // left to run, a run that throws half way, a policy copy edited after use.
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
 #include "ad/ad.hpp"
@@ -157,6 +158,26 @@ TEST_CASE("remat: a policy copy with other settings does not reuse the original'
     CHECK(r.recomputed_nodes == 0);
     CHECK(recomputed_sel > 0);
   }
+  // the same lambda type with other captures: the plan follows what the predicate keeps
+  auto keep_over = [](std::int64_t bytes) { return [bytes](const ad::NodeInfo& i) { return i.bytes > bytes; }; };
+  ad::Policy cap = ad::policy::selective(keep_over(std::int64_t{1} << 40));  // keeps nothing
+  std::int64_t recomputed_none = 0;
+  {
+    ad::Graph g;
+    recomputed_none = ad::backward(build(g), cap).recomputed_nodes;
+  }
+  {
+    ad::Graph g;
+    CHECK(ad::backward(build(g), cap).plan_cached);  // same predicate, same graph: the cached plan
+  }
+  cap.keep = keep_over(0);  // same type, keeps every value
+  {
+    ad::Graph g;
+    ad::Report r = ad::backward(build(g), cap);
+    CHECK_FALSE(r.plan_cached);
+    CHECK(r.recomputed_nodes == 0);
+    CHECK(recomputed_none > 0);
+  }
   CHECK(ad::policy::sqrt_n().compressed(ad::DType::bf16).name() == "sqrt_n+bf16");
   CHECK(ad::policy::sqrt_n().offloaded().name() == "sqrt_n+offload");
 }
@@ -197,4 +218,47 @@ TEST_CASE("remat: budget plans a graph of thousands of nodes (DTR runs are bound
     CHECK(static_cast<double>(r.measured_peak_bytes) <= static_cast<double>(peak) * frac);
     for (std::size_t i = 0; i < ps.size(); ++i) REQUIRE(grad_of(ps[i]) == ref[i]);
   }
+}
+
+TEST_CASE("remat: a policy whose fields were edited to invalid values is an ad::Error at backward") {
+  ad::Rng init(1);
+  ad::Parameter w = ad::Parameter::randn({4, 4}, init, 0.5);
+  auto run = [&](const ad::Policy& pol) {
+    ad::Graph g;
+    ad::Rng rng(2);
+    ad::Var h = g.input(ad::Tensor::randn({3, 4}, rng));
+    for (int i = 0; i < 4; ++i) h = ad::tanh(ad::matmul(h, w));
+    ad::backward(ad::mean(h), pol);
+  };
+  auto fails_with = [&](ad::Policy pol, const std::string& what) {
+    INFO(what);
+    CHECK_THROWS_WITH_AS(run(pol), doctest::Contains(what.c_str()), ad::Error);
+  };
+  ad::Policy u = ad::policy::uniform(2);
+  u.every = 0;  // was a division by zero
+  fails_with(u, "`every` must be >= 1, got 0");
+  ad::Policy s = ad::policy::selective(ad::save_matmuls);
+  s.keep = nullptr;  // was std::bad_function_call
+  fails_with(s, "`keep` is an empty predicate");
+  ad::Policy b = ad::policy::budget(1 << 20);
+  b.budget_bytes = -5;
+  fails_with(b, "negative budget_bytes -5");
+  ad::Policy c = ad::policy::optimal_chain(3);
+  c.slots = 0;
+  fails_with(c, "`slots` must be >= 1, got 0");
+  ad::Policy z = ad::policy::sqrt_n();
+  z.compress = ad::DType::i64;
+  fails_with(z, "`compress` must be f32 (off), f16 or bf16");
+  ad::Policy bo = ad::policy::budget(1 << 20);
+  bo.offload = true;
+  fails_with(bo, "compression and offload apply to keep-set policies only");
+  ad::Policy co = ad::policy::manual().compressed(ad::DType::bf16);
+  co.offload = true;
+  fails_with(co, "compression and offload cannot be combined");
+  ad::Policy k = ad::policy::manual();
+  k.kind = static_cast<ad::Policy::Kind>(99);
+  fails_with(k, "policy kind 99 is not one of Policy::Kind");
+  // and a valid edit still runs
+  u.every = 3;
+  CHECK_NOTHROW(run(u));
 }

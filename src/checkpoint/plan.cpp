@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 
@@ -108,6 +109,40 @@ Var checkpoint(const Var& x) {
 }
 
 namespace {
+// Policy is a plain struct whose fields a user may edit after making it: the
+// constructors' checks again, at use, so an edited field is an ad::Error
+// naming it, never a division by zero or an empty std::function call.
+void check_policy(const Policy& p) {
+  const std::string n = p.name();
+  switch (p.kind) {
+    case Policy::Kind::keep_all:
+    case Policy::Kind::manual:
+    case Policy::Kind::sqrt_n: break;
+    case Policy::Kind::uniform:
+      if (p.every < 1) throw Error(fmt::format("backward: policy {}: `every` must be >= 1, got {}", n, p.every));
+      break;
+    case Policy::Kind::selective:
+      if (!p.keep) throw Error(fmt::format("backward: policy {}: `keep` is an empty predicate", n));
+      break;
+    case Policy::Kind::budget:
+      if (p.budget_bytes < 0) throw Error(fmt::format("backward: policy {}: negative budget_bytes {}", n, p.budget_bytes));
+      break;
+    case Policy::Kind::optimal_chain:
+      if (p.slots < 1) throw Error(fmt::format("backward: policy {}: `slots` must be >= 1, got {}", n, p.slots));
+      break;
+    default:
+      throw Error(fmt::format("backward: policy kind {} is not one of Policy::Kind",
+                              static_cast<int>(static_cast<std::uint8_t>(p.kind))));
+  }
+  if (p.compress != DType::f32 && p.compress != DType::f16 && p.compress != DType::bf16)
+    throw Error(fmt::format("backward: policy {}: `compress` must be f32 (off), f16 or bf16", n));
+  const bool keep_set = p.kind != Policy::Kind::budget && p.kind != Policy::Kind::optimal_chain;
+  if ((p.compress != DType::f32 || p.offload) && !keep_set)
+    throw Error(fmt::format("backward: policy {}: compression and offload apply to keep-set policies only", n));
+  if (p.compress != DType::f32 && p.offload)
+    throw Error(fmt::format("backward: policy {}: compression and offload cannot be combined", n));
+}
+
 // Forward nodes that own memory (views are free to recompute and never kept).
 std::vector<std::int32_t> forward_storage(const planner::Problem& p) {
   std::vector<std::int32_t> f;
@@ -184,15 +219,23 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   for (const auto& s : sinks)
     if (s.node < 0 || static_cast<std::size_t>(s.node) >= g.nodes.size())
       throw Error(fmt::format("plan: sink {} is not a node", s.node));
+  check_policy(policy);
   std::vector<std::uint64_t> key;
   Schedule s;
+  // A selective policy's plan depends on its predicate only through the
+  // nodes it keeps: the mask is computed first (one call per forward node)
+  // and is part of the cache key, so any predicate, a lambda's captures
+  // included, plans afresh exactly when it keeps other nodes.
+  std::optional<planner::Problem> prob;
+  std::vector<char> mask;
+  if (policy.kind == Policy::Kind::selective) {
+    prob.emplace(g, targets, sinks);
+    mask = keep_mask(*prob, policy);
+  }
   if (policy.cache) {
     key = PlanCache::key(g, targets, sinks);
     // copies share the cache, and a copy may change any setting: every one is
-    // part of the key. A selective policy's `keep` enters by its type (and
-    // its address, for a plain function): another lambda or function plans
-    // afresh; the same lambda type with other captures cannot be told apart
-    // (give such a predicate its own policy::selective)
+    // part of the key
     key.push_back(static_cast<std::uint64_t>(policy.kind));
     key.push_back(static_cast<std::uint64_t>(policy.every));
     key.push_back(static_cast<std::uint64_t>(policy.budget_bytes));
@@ -200,11 +243,11 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
     key.push_back(static_cast<std::uint64_t>(policy.compress));
     key.push_back(policy.offload);
     key.push_back(policy.reuse_buffers);
-    if (policy.keep) {
-      key.push_back(std::hash<std::string_view>{}(policy.keep.target_type().name()));
-      using Fn = bool (*)(const NodeInfo&);
-      const Fn* fn = policy.keep.target<Fn>();
-      key.push_back(fn ? reinterpret_cast<std::uintptr_t>(*fn) : 0);
+    key.push_back(mask.size());
+    for (std::size_t i = 0; i < mask.size(); i += 64) {  // the mask, 64 nodes a word
+      std::uint64_t w = 0;
+      for (std::size_t j = i; j < std::min(mask.size(), i + 64); ++j) w |= static_cast<std::uint64_t>(mask[j] != 0) << (j - i);
+      key.push_back(w);
     }
     if (policy.cache->find(key, s)) {
       s.sinks.clear();  // the cached plan's steps, this call's parameters
@@ -214,12 +257,13 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
       return s;
     }
   }
-  planner::Problem p(g, targets, sinks);
+  if (!prob) prob.emplace(g, targets, sinks);
+  planner::Problem& p = *prob;
   switch (policy.kind) {
     case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes, policy.reuse_buffers); break;
     case Policy::Kind::optimal_chain: s = planner::optimal_chain(p, policy.slots); break;
     default:
-      s = planner::keep_set(p, keep_mask(p, policy), policy.compress, policy.offload);
+      s = planner::keep_set(p, mask.empty() ? keep_mask(p, policy) : mask, policy.compress, policy.offload);
       if (policy.offload) planner::hoist_prefetches(p, s);
       break;
   }
