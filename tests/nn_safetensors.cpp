@@ -384,6 +384,34 @@ TEST_CASE("nn safetensors module, optimizer and checkpoint files") {
   CHECK(ad::bitwise_equal(keep, wider.layers[0].weight.value()));
   CHECK(opt3.step_count() == 0);
   CHECK(nn::load_checkpoint(dir.file("ckpt.safetensors"), b, opt2).at("step") == "1");
+
+  // the files record the optimizer's kind and hyperparameters; another kind is refused, unchanged
+  ad::Metadata om = nn::load_optimizer(dir.file("opt.safetensors"), opt2);
+  CHECK(om.at("ad.optimizer") == "AdamW");
+  CHECK(om.at("ad.optimizer.hyperparameters") == "beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01");
+  nn::Adam adam(b.named_parameters());  // same slots as AdamW: loaded silently before
+  CHECK(has([&] { nn::load_optimizer(dir.file("opt.safetensors"), adam); },
+            "load_optimizer: " + dir.file("opt.safetensors") + " holds AdamW state; this optimizer is Adam"));
+  CHECK(adam.step_count() == 0);
+  Tensor bw = b.layers[0].weight.value().clone();
+  CHECK(has([&] { nn::load_checkpoint(dir.file("ckpt.safetensors"), a, adam); },
+            "holds AdamW state; this optimizer is Adam"));
+  CHECK(adam.step_count() == 0);
+  CHECK(ad::bitwise_equal(bw, b.layers[0].weight.value()));
+  nn::SGDOptions so;
+  so.momentum = 0.9;
+  so.nesterov = true;
+  nn::SGD sgd(a.named_parameters(), so);
+  CHECK(sgd.hyperparameters() == "momentum=0.9 dampening=0 weight_decay=0 nesterov=true");
+  CHECK(has([&] { nn::save_optimizer(dir.file("x.safetensors"), sgd, {{"ad.optimizer", "mine"}}); },
+            "save_optimizer: metadata key \"ad.optimizer\" is reserved"));
+  CHECK(has([&] { nn::save_checkpoint(dir.file("x.safetensors"), a, sgd, {{"ad.optimizer.hyperparameters", ""}}); },
+            "save_checkpoint: metadata key \"ad.optimizer.hyperparameters\" is reserved"));
+  // a state file without the entries (written by hand, or before they were recorded) still loads
+  ad::save_safetensors(dir.file("bare.safetensors"), opt.state());
+  nn::Adam adam2(b.named_parameters());
+  CHECK_NOTHROW(nn::load_optimizer(dir.file("bare.safetensors"), adam2));
+  CHECK(adam2.step_count() == 1);
 }
 
 TEST_CASE("nn safetensors fuzz corpus replay") {

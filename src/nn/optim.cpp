@@ -328,6 +328,10 @@ AD_VEC void adam_update(T* __restrict p, const T* __restrict g, T* __restrict m,
 
 SGD::SGD(NamedParameters params, SGDOptions o) : Optimizer(std::move(params), checked(o).lr), o_(o) {}
 SGD::SGD(const std::vector<Parameter>& params, SGDOptions o) : Optimizer(params, checked(o).lr), o_(o) {}
+std::string SGD::hyperparameters() const {
+  return fmt::format("momentum={} dampening={} weight_decay={} nesterov={}", o_.momentum, o_.dampening, o_.weight_decay,
+                     o_.nesterov);
+}
 std::vector<std::string> SGD::slot_names() const {
   if (o_.momentum > 0) return {"momentum_buffer"};
   return {};
@@ -356,6 +360,9 @@ Adam::Adam(const std::vector<Parameter>& params, AdamOptions o) : Adam(name_by_i
 AdamW::AdamW(NamedParameters params, AdamOptions o) : Adam(std::move(params), o, true) {}
 AdamW::AdamW(const std::vector<Parameter>& params, AdamOptions o) : Adam(name_by_index(params), o, true) {}
 
+std::string Adam::hyperparameters() const {
+  return fmt::format("beta1={} beta2={} eps={} weight_decay={}", o_.beta1, o_.beta2, o_.eps, o_.weight_decay);
+}
 std::vector<std::string> Adam::slot_names() const { return {"exp_avg", "exp_avg_sq"}; }
 void Adam::update(const Parameter& p, std::vector<Tensor>& slots, std::int64_t t, double lr) {
   double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t));

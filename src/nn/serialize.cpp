@@ -68,11 +68,34 @@ Metadata load_module(const std::string& path, const Module& m, bool strict) {
   return st.metadata;
 }
 
+namespace {
+constexpr const char* kOptimKind = "ad.optimizer";
+constexpr const char* kOptimHyper = "ad.optimizer.hyperparameters";
+// `metadata` with the optimizer's own entries added
+Metadata with_optimizer(const Metadata& metadata, const Optimizer& opt, const char* what) {
+  Metadata m = metadata;
+  for (const char* k : {kOptimKind, kOptimHyper}) {
+    if (m.count(k))
+      throw Error(fmt::format("{}: metadata key \"{}\" is reserved for the optimizer's kind and hyperparameters", what, k));
+  }
+  m[kOptimKind] = opt.name();
+  m[kOptimHyper] = opt.hyperparameters();
+  return m;
+}
+// a file without the entry (written before they were recorded, or by hand) is accepted
+void check_kind(const Metadata& m, const Optimizer& opt, const std::string& path, const char* what) {
+  auto it = m.find(kOptimKind);
+  if (it != m.end() && it->second != opt.name())
+    throw Error(fmt::format("{}: {} holds {} state; this optimizer is {}", what, path, it->second, opt.name()));
+}
+}  // namespace
+
 void save_optimizer(const std::string& path, const Optimizer& opt, const Metadata& metadata) {
-  save_safetensors(path, opt.state(), metadata);
+  save_safetensors(path, opt.state(), with_optimizer(metadata, opt, "save_optimizer"));
 }
 Metadata load_optimizer(const std::string& path, Optimizer& opt) {
   SafeTensors st = load_safetensors(path);
+  check_kind(st.metadata, opt, path, "load_optimizer");
   try {
     opt.load_state(st.tensors);
   } catch (const Error& e) {
@@ -89,11 +112,12 @@ void save_checkpoint(const std::string& path, const Module& m, const Optimizer& 
   NamedTensors all;
   for (auto& nt : module_state(m)) all.emplace_back(std::string(kModel) + nt.first, nt.second);
   for (auto& nt : opt.state()) all.emplace_back(std::string(kOptim) + nt.first, nt.second);
-  save_safetensors(path, all, metadata);
+  save_safetensors(path, all, with_optimizer(metadata, opt, "save_checkpoint"));
 }
 
 Metadata load_checkpoint(const std::string& path, const Module& m, Optimizer& opt) {
   SafeTensors st = load_safetensors(path);
+  check_kind(st.metadata, opt, path, "load_checkpoint");
   NamedTensors model, optim;
   for (auto& nt : st.tensors) {
     std::string_view n = nt.first;

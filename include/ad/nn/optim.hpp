@@ -95,6 +95,10 @@ class Optimizer {
   std::int64_t step_count() const { return step_; }
   const NamedParameters& params() const { return params_; }
   virtual const char* name() const = 0;
+  // The hyperparameters other than the learning rate, as "key=value" pairs
+  // (e.g. "beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0"): save_optimizer
+  // and save_checkpoint record them with name() in the file's metadata.
+  virtual std::string hyperparameters() const = 0;
 
   // The state (see above). The tensors share storage with the optimizer:
   // save them before the next step(), or clone them.
@@ -137,6 +141,7 @@ class SGD : public Optimizer {
   SGD(NamedParameters params, SGDOptions o = {});
   SGD(const std::vector<Parameter>& params, SGDOptions o = {});
   const char* name() const override { return "SGD"; }
+  std::string hyperparameters() const override;
   const SGDOptions& options() const { return o_; }
 
  protected:
@@ -164,6 +169,7 @@ class Adam : public Optimizer {
   Adam(NamedParameters params, AdamOptions o = {});
   Adam(const std::vector<Parameter>& params, AdamOptions o = {});
   const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  std::string hyperparameters() const override;
   const AdamOptions& options() const { return o_; }
 
  protected:

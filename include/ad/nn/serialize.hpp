@@ -24,13 +24,21 @@ void save_module(const std::string& path, const Module& m, const Metadata& metad
 // names, shapes and dtypes) into `m`; returns the file's metadata.
 Metadata load_module(const std::string& path, const Module& m, bool strict = true);
 
+// An optimizer's state (Optimizer::state()) to `path`, with `metadata` and
+// two entries of its own: "ad.optimizer" (name(), e.g. "AdamW") and
+// "ad.optimizer.hyperparameters" (hyperparameters()); `metadata` may not use
+// these keys. load_optimizer restores the state and returns the metadata (those
+// entries included); it throws ad::Error if the file's state is of another
+// kind of optimizer (Adam's moments loaded into AdamW), and leaves comparing
+// the hyperparameters, which a resumed run may change on purpose, to the caller.
 void save_optimizer(const std::string& path, const Optimizer& opt, const Metadata& metadata = {});
 Metadata load_optimizer(const std::string& path, Optimizer& opt);
 
 // A training checkpoint in one file: the module's tensors named
 // "model.<name>", the optimizer's "optim.<name>", and `metadata` (e.g. the
-// data position or the step). load_checkpoint restores both (strictly) and
-// returns the metadata; nothing is changed if any check fails.
+// data position or the step) with the optimizer's entries as save_optimizer
+// writes them. load_checkpoint restores both (strictly; the optimizer's kind
+// must match) and returns the metadata; nothing is changed if any check fails.
 void save_checkpoint(const std::string& path, const Module& m, const Optimizer& opt, const Metadata& metadata = {});
 Metadata load_checkpoint(const std::string& path, const Module& m, Optimizer& opt);
 
