@@ -13,8 +13,12 @@ for md in "$@"; do
     count=$((count + 1))
     doc=$(awk -v m="<!-- snippet: $file $name -->" '$0 == m {s = 1; next} s && /^```cpp/ {c = 1; next} c && /^```/ {exit} c {print}' "$md")
     code=$(awk -v b="// [snippet $name]" '{t = $0; sub(/^ */, "", t)} t == b {s = 1; next} s && t == "// [end snippet]" {exit} s {print}' "$root/$file")
-    indent=$(printf '%s\n' "$code" | head -n 1 | sed 's/[^ ].*//' | wc -c)
-    code=$(printf '%s\n' "$code" | sed "s/^ \{0,$((indent - 1))\}//")
+    # the first line's leading spaces, without a pipe into head (head exits
+    # after one line; printf's next write then dies of SIGPIPE, which
+    # pipefail made this script's failure on long snippets, now and then)
+    first=${code%%$'\n'*}
+    lead=${first%%[! ]*}
+    code=$(printf '%s\n' "$code" | sed "s/^ \{0,${#lead}\}//")
     if [ -z "$doc" ] || [ -z "$code" ]; then
       echo "$md: snippet '$name' of $file not found" >&2; status=1
     elif ! diff <(printf '%s\n' "$doc") <(printf '%s\n' "$code"); then

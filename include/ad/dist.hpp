@@ -149,20 +149,26 @@ class DataParallel {
 // ZeRO stage 1: the optimizer state is partitioned across ranks. All
 // parameters (one dtype, f32 or f64) are viewed as one flat vector of N
 // elements, padded to world x S with S = ceil(N / world); rank r owns
-// elements [r S, (r + 1) S) and an optimizer over just that shard (made by
-// `make_optimizer` from one parameter named "shard", so any ad::nn optimizer
-// works: Adam, AdamW, SGD with momentum). A step is:
+// elements [r S, (r + 1) S). Each parameter's part of that range is a flat
+// segment, and `make_optimizer` builds an optimizer over this rank's segments,
+// each named after its parameter (so any ad::nn optimizer works: Adam, AdamW,
+// SGD with momentum; a rank whose range is all padding gets none). A step is:
 //   backward(loss, policy)  gradients, then reduce_scatter(mean) of the flat
-//                           gradient: each rank gets its shard's average;
-//   step()                  the shard optimizer updates the shard, then
-//                           all_gather puts the full parameters on every rank.
+//                           gradient: each rank gets its range's average,
+//                           and which parameters any rank's loss reached;
+//   step()                  the optimizer updates the segments of the
+//                           parameters some rank reached (as an unsharded
+//                           optimizer skips one without a fresh gradient),
+//                           then all_gather puts the full parameters on
+//                           every rank.
 // Per-rank optimizer-state bytes (state_bytes()) are the unsharded total /
-// world plus at most one element per slot of padding. state() returns the
-// full state in the unsharded optimizer's format ("step", "<name>.step",
-// "<name>.<slot>" per parameter; gathered from all ranks), and load_state()
-// takes that format and keeps this rank's part, so a run saved with one world
-// size resumes on another. Parameters hold no lower-precision copies in this
-// engine (they are f32 or f64), so there are no separate master weights.
+// world plus at most one element per slot of padding and a step count per
+// segment. state() returns the full state in the unsharded optimizer's format
+// ("step", "<name>.step", "<name>.<slot>" per parameter stepped at least once;
+// gathered from all ranks), and load_state() takes that format and keeps this
+// rank's part, so a run saved with one world size resumes on another.
+// Parameters hold no lower-precision copies in this engine (they are f32 or
+// f64), so there are no separate master weights.
 class Zero1 {
  public:
   using MakeOptimizer = std::function<std::unique_ptr<nn::Optimizer>(nn::NamedParameters shard)>;
@@ -181,16 +187,27 @@ class Zero1 {
   std::int64_t shard_elements() const { return shard_; }
 
   nn::NamedTensors state() const;  // collective: every rank must call it
+  // Throws ad::Error naming the tensor (on every rank alike: each checks the
+  // whole state) for a missing "step", an unknown name, a slot without its
+  // "<name>.step", or a shape or dtype that differs from the parameter's.
   void load_state(const nn::NamedTensors& state);
 
  private:
+  // params_[param]'s flat elements [lo, hi), at offset `at` of this rank's range
+  struct Segment {
+    std::size_t param;
+    std::int64_t lo, hi, at;
+    Parameter p;
+  };
   void gather_parameters();
   Communicator comm_;
   nn::NamedParameters params_;
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu();
   std::int64_t total_ = 0, shard_ = 0, begin_ = 0;  // N, S, r S
-  Parameter shard_param_;
+  std::vector<Segment> segs_;
+  mutable std::vector<char> reached_;  // per parameter: some rank's loss reached it since zero_grad
+  std::vector<std::int64_t> steps_;  // per parameter: its updates so far (the same on every rank)
   std::unique_ptr<nn::Optimizer> opt_;
 };
 

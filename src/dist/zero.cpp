@@ -64,27 +64,57 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
   const std::int64_t w = comm_.size();
   shard_ = (total_ + w - 1) / w;
   begin_ = shard_ * comm_.rank();
-  // this rank's slice of the flat parameters (zeros in the padding)
-  Tensor v = Tensor::zeros({shard_}, dtype_).to(device_);
-  copy_range(values(params_), begin_, v, true);
-  shard_param_ = Parameter(v, "shard");
-  opt_ = make_optimizer({{"shard", shard_param_}});
+  // this rank's segments: each parameter's part of [begin_, begin_ + shard_)
+  nn::NamedParameters named;
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::int64_t n = params_[i].second.value().numel();
+    const std::int64_t lo = std::max(off, begin_), hi = std::min(off + n, begin_ + shard_);
+    if (lo < hi) {
+      Parameter seg(Tensor::empty({hi - lo}, dtype_, device_), params_[i].first);
+      seg.value().copy_from(params_[i].second.value().view(lo - off, Shape{hi - lo}));
+      segs_.push_back({i, lo - off, hi - off, lo - begin_, seg});
+      named.emplace_back(params_[i].first, seg);
+    }
+    off += n;
+  }
+  reached_.assign(params_.size(), 0);
+  steps_.assign(params_.size(), 0);
+  opt_ = make_optimizer(std::move(named));
   if (!opt_) throw Error("Zero1: make_optimizer returned no optimizer");
 }
 
 void Zero1::reduce_gradients() {
-  const std::int64_t w = comm_.size();
-  Tensor flat = Tensor::zeros({shard_ * w}, dtype_).to(device_);
+  // rank q's block of the flat buffer: its range of the flat gradient, then
+  // one flag per parameter (1 where this rank's loss reached it); after the
+  // mean, a flag above 0 means some rank's loss reached that parameter
+  const std::int64_t w = comm_.size(), np = static_cast<std::int64_t>(params_.size()), blk = shard_ + np;
+  Tensor flat = Tensor::zeros({blk * w}, dtype_).to(device_);
   std::vector<Tensor> grads;
-  for (const auto& np : params_)
-    grads.push_back(np.second.grad().defined() ? np.second.grad()
-                                              : Tensor::zeros(np.second.shape(), dtype_).to(device_));
-  copy_range(grads, 0, flat, true);
-  ParamState& s = *shard_param_.state();
-  if (!s.grad.defined()) s.grad = Tensor::zeros({shard_}, dtype_).to(device_);
-  comm_.reduce_scatter(flat, s.grad, ReduceOp::mean);
-  s.grad_zero = false;  // overwritten
-  s.grad_fresh = true;
+  Tensor flags = Tensor::zeros({np}, DType::f64);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i].second;
+    grads.push_back(p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), dtype_).to(device_));
+    flags.data<double>()[i] = p.has_fresh_grad() ? 1.0 : 0.0;
+  }
+  flags = flags.to(dtype_).to(device_);
+  for (std::int64_t q = 0; q < w; ++q) {
+    Tensor part = flat.view(q * blk, Shape{shard_});
+    copy_range(grads, q * shard_, part, true);
+    flat.view(q * blk + shard_, Shape{np}).copy_from(flags);
+  }
+  Tensor mine = Tensor::empty({blk}, dtype_, device_);
+  comm_.reduce_scatter(flat, mine, ReduceOp::mean);
+  const std::vector<double> got = mine.view(shard_, Shape{np}).to_vector();
+  for (std::size_t i = 0; i < params_.size(); ++i) reached_[i] = got[i] > 0;
+  for (Segment& sg : segs_) {
+    ParamState& s = *sg.p.state();
+    if (!reached_[sg.param]) continue;  // not stepped, as an unsharded optimizer skips it
+    if (!s.grad.defined()) s.grad = Tensor::empty({sg.hi - sg.lo}, dtype_, device_);
+    s.grad.copy_from(mine.view(sg.at, Shape{sg.hi - sg.lo}));
+    s.grad_zero = false;  // overwritten
+    s.grad_fresh = true;
+  }
 }
 
 Report Zero1::backward(const Var& loss, const Policy& policy) {
@@ -95,22 +125,28 @@ Report Zero1::backward(const Var& loss, const Policy& policy) {
 
 void Zero1::gather_parameters() {
   const std::int64_t w = comm_.size();
+  Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
+  for (const Segment& sg : segs_) part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(sg.p.value());
   Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
-  comm_.all_gather(shard_param_.value(), flat);
+  comm_.all_gather(part, flat);
   copy_range(values(params_), 0, flat, false);
 }
 
 void Zero1::step() {
-  // the shard starts from the parameters as they are now: values written
+  // the segments start from the parameters as they are now: values written
   // since the last step (loaded weights, a manual change) are not undone
-  copy_range(values(params_), begin_, shard_param_.value(), true);
+  for (Segment& sg : segs_)
+    sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
   opt_->step();
+  for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
+  std::fill(reached_.begin(), reached_.end(), 0);
   gather_parameters();
 }
 
 void Zero1::zero_grad() const {
   for (const auto& np : params_) np.second.zero_grad();
-  shard_param_.zero_grad();
+  for (const Segment& sg : segs_) sg.p.zero_grad();
+  std::fill(reached_.begin(), reached_.end(), 0);
 }
 
 std::int64_t Zero1::state_bytes() const {
@@ -119,15 +155,9 @@ std::int64_t Zero1::state_bytes() const {
   return b;
 }
 std::int64_t Zero1::unsharded_state_bytes() const {
-  // slots of the shard optimizer, per element, times N; plus a step per parameter and the global step
-  std::int64_t slots = 0, steps = 0;
-  for (const auto& nt : opt_->state()) {
-    if (nt.first == "step") continue;
-    if (nt.second.numel() == shard_ && nt.second.dtype() == dtype_) ++slots;
-    else ++steps;
-  }
-  return slots * total_ * static_cast<std::int64_t>(dtype_size(dtype_)) +
-         steps * static_cast<std::int64_t>(params_.size()) * 8 + 8;
+  // every parameter stepped: its slots (N elements each in all), its step; and the global step
+  const auto slots = static_cast<std::int64_t>(opt_->slot_names().size());
+  return slots * total_ * static_cast<std::int64_t>(dtype_size(dtype_)) + static_cast<std::int64_t>(params_.size()) * 8 + 8;
 }
 std::int64_t Zero1::largest_parameter_bytes() const {
   std::int64_t m = 0;
@@ -135,66 +165,98 @@ std::int64_t Zero1::largest_parameter_bytes() const {
   return m;
 }
 
+namespace {
+Tensor i64_scalar(std::int64_t v) {
+  Tensor t = Tensor::empty({}, DType::i64);
+  t.data<std::int64_t>()[0] = v;
+  return t;
+}
+}  // namespace
+
 // Full state, in the unsharded optimizer's format: each slot is gathered
 // from all ranks and cut into per-parameter tensors.
 nn::NamedTensors Zero1::state() const {
   const std::int64_t w = comm_.size();
   nn::NamedTensors in = opt_->state(), out;
-  const Tensor* step = find(in, "step");
-  out.emplace_back("step", step->clone());
-  const Tensor* pstep = find(in, "shard.step");
-  for (const auto& nt : in) {
-    if (nt.first.rfind("shard.", 0) != 0 || nt.first == "shard.step") continue;
-    std::string slot = nt.first.substr(6);
+  out.emplace_back("step", find(in, "step")->clone());
+  const std::vector<std::string> slots = opt_->slot_names();
+  std::vector<std::vector<Tensor>> per(params_.size());  // [param][slot]
+  for (const std::string& slot : slots) {
+    Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
+    for (const Segment& sg : segs_)
+      if (const Tensor* t = find(in, params_[sg.param].first + "." + slot))
+        part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(*t);
     Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
-    comm_.all_gather(nt.second, flat);
-    std::vector<Tensor> per;
-    for (const auto& np : params_) per.push_back(Tensor::empty(np.second.shape(), dtype_, device_));
-    copy_range(per, 0, flat, false);
-    for (std::size_t i = 0; i < per.size(); ++i) out.emplace_back(params_[i].first + "." + slot, per[i]);
+    comm_.all_gather(part, flat);
+    std::vector<Tensor> full;
+    for (const auto& np : params_) full.push_back(Tensor::empty(np.second.shape(), dtype_, device_));
+    copy_range(full, 0, flat, false);
+    for (std::size_t i = 0; i < params_.size(); ++i) per[i].push_back(full[i]);
   }
-  if (pstep)
-    for (const auto& np : params_) out.emplace_back(np.first + ".step", pstep->clone());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (steps_[i] == 0) continue;
+    const std::string& n = params_[i].first;
+    out.emplace_back(n + ".step", i64_scalar(steps_[i]));
+    for (std::size_t k = 0; k < slots.size(); ++k) out.emplace_back(n + "." + slots[k], per[i][k]);
+  }
   return out;
 }
 
 void Zero1::load_state(const nn::NamedTensors& state) {
+  const char* where = "Zero1::load_state";
+  auto step_of = [&](const Tensor& t, const std::string& name) {
+    if (t.dtype() != DType::i64 || t.numel() != 1)
+      throw Error(fmt::format("{}: \"{}\" must be one i64 value, got {}{}", where, name, dtype_name(t.dtype()),
+                              t.shape().str()));
+    return t.to(Device::cpu()).data<std::int64_t>()[0];
+  };
+  std::set<std::string> seen, known{"step"};
+  for (const auto& nt : state)
+    if (!seen.insert(nt.first).second) throw Error(fmt::format("{}: tensor \"{}\" appears twice", where, nt.first));
   const Tensor* step = find(state, "step");
-  if (!step) throw Error("Zero1::load_state: the state has no \"step\" tensor");
+  if (!step) throw Error(fmt::format("{}: the state has no \"step\" tensor", where));
+  if (step_of(*step, "step") < 0) throw Error(fmt::format("{}: \"step\" is negative", where));
+  // every check before anything changes, on the whole state: each rank finds the same errors
+  const std::vector<std::string> slots = opt_->slot_names();
+  std::vector<std::int64_t> steps(params_.size(), 0);
+  std::vector<std::vector<const Tensor*>> slot_t(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const std::string& n = params_[i].first;
+    const Parameter& p = params_[i].second;
+    known.insert(n + ".step");
+    if (const Tensor* ps = find(state, n + ".step")) {
+      steps[i] = step_of(*ps, n + ".step");
+      if (steps[i] < 1) throw Error(fmt::format("{}: \"{}.step\" must be >= 1, got {}", where, n, steps[i]));
+    }
+    for (const std::string& sl : slots) {
+      known.insert(n + "." + sl);
+      const Tensor* t = find(state, n + "." + sl);
+      if (steps[i] > 0 && !t) throw Error(fmt::format("{}: \"{}.{}\" is missing", where, n, sl));
+      if (steps[i] == 0 && t) throw Error(fmt::format("{}: \"{}.{}\" is present but \"{}.step\" is not", where, n, sl, n));
+      if (t && (t->shape() != p.shape() || t->dtype() != dtype_))
+        throw Error(fmt::format("{}: \"{}.{}\" is {}{}, parameter is {}{}", where, n, sl, dtype_name(t->dtype()),
+                                t->shape().str(), dtype_name(dtype_), p.shape().str()));
+      slot_t[i].push_back(t);
+    }
+  }
+  for (const auto& nt : state)
+    if (!known.count(nt.first))
+      throw Error(fmt::format("{}: unexpected tensor \"{}\" (no parameter or slot of that name)", where, nt.first));
+  // this rank's part: each segment's step count and slices of its slots
   nn::NamedTensors mine;
   mine.emplace_back("step", *step);
-  // slots: every "<first parameter>.<slot>" other than .step
-  const std::string& first = params_[0].first;
-  std::vector<std::string> slots;
-  for (const auto& nt : state)
-    if (nt.first.rfind(first + ".", 0) == 0 && nt.first != first + ".step") slots.push_back(nt.first.substr(first.size() + 1));
-  const Tensor* pstep = find(state, first + ".step");
-  for (const auto& np : params_) {
-    const Tensor* ps = find(state, np.first + ".step");
-    if (static_cast<bool>(ps) != static_cast<bool>(pstep) ||
-        (ps && ps->to_vector() != pstep->to_vector()))
-      throw Error(fmt::format("Zero1::load_state: \"{}.step\" differs from \"{}.step\" (a sharded optimizer updates "
-                              "every parameter together)", np.first, first));
-  }
-  if (pstep) mine.emplace_back("shard.step", *pstep);
-  for (const auto& slot : slots) {
-    Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
-    std::vector<Tensor> per;
-    for (const auto& np : params_) {
-      const std::string name = np.first + "." + slot;
-      const Tensor* t = find(state, name);
-      if (!t) throw Error(fmt::format("Zero1::load_state: \"{}\" is missing", name));
-      if (t->shape() != np.second.shape() || t->dtype() != dtype_)
-        throw Error(fmt::format("Zero1::load_state: \"{}\" is {}{}, parameter is {}{}", name, dtype_name(t->dtype()),
-                                t->shape().str(), dtype_name(dtype_), np.second.shape().str()));
-      per.push_back(*t);
+  for (const Segment& sg : segs_) {
+    if (steps[sg.param] == 0) continue;
+    const std::string& n = params_[sg.param].first;
+    mine.emplace_back(n + ".step", i64_scalar(steps[sg.param]));
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      Tensor part = Tensor::empty({sg.hi - sg.lo}, dtype_, device_);
+      part.copy_from(slot_t[sg.param][k]->view(sg.lo, Shape{sg.hi - sg.lo}));
+      mine.emplace_back(n + "." + slots[k], part);
     }
-    copy_range(per, begin_, part, true);
-    mine.emplace_back("shard." + slot, part);
   }
   opt_->load_state(mine);
-  // the shard's parameter values follow the (possibly newly loaded) parameters
-  copy_range(values(params_), begin_, shard_param_.value(), true);
+  steps_ = steps;
 }
 
 }  // namespace ad::dist

@@ -148,6 +148,56 @@ void collectives(const ad::dist::Communicator& c) {
     z.step();
     check(w.value().to_vector() == std::vector<double>(5, 4.9), "Zero1 keeps values written after it was made", c);
   }
+  // Zero1 steps what an unsharded optimizer would: a parameter no rank's loss reached keeps its value
+  // and momentum; one only rank 0 reached gets the mean gradient on every rank; step counts follow
+  {
+    auto zeros = [](std::int64_t n, const char* name) { return ad::Parameter::zeros({n}, ad::DType::f64, name); };
+    ad::Parameter used = zeros(4, "used"), idle = zeros(4, "idle"), solo = zeros(3, "solo");
+    ad::dist::Zero1 z(c, ad::nn::NamedParameters{{"used", used}, {"idle", idle}, {"solo", solo}},
+                      [](ad::nn::NamedParameters s) {
+                        ad::nn::SGDOptions so;
+                        so.lr = 0.1;
+                        so.momentum = 0.9;
+                        return std::make_unique<ad::nn::SGD>(std::move(s), so);
+                      });
+    for (int step = 0; step < 3; ++step) {
+      ad::Graph g;
+      ad::Var loss = ad::sum(g.param(used));
+      if (step == 0) loss = ad::add(loss, ad::sum(g.param(idle)));
+      if (step == 1 && r == 0) loss = ad::add(loss, ad::sum(g.param(solo)));
+      z.backward(loss);
+      z.step();
+      z.zero_grad();
+    }
+    check(idle.value().to_vector() == std::vector<double>(4, -0.1), "Zero1: the unused parameter moved once only", c);
+    check(solo.value().to_vector() == std::vector<double>(3, -0.1 * (1.0 / p)),
+          "Zero1: a parameter one rank reached moved once, by the mean gradient", c);
+    const double u3 = -(0.1 * 1.0 + 0.1 * 1.9 + 0.1 * 2.71);  // b = 1, 0.9 b + 1 = 1.9, 2.71
+    bool used_ok = true;
+    for (double x : used.value().to_vector()) used_ok = used_ok && std::abs(x - u3) < 1e-12;
+    check(used_ok, "Zero1: the used parameter took three momentum steps", c);
+    ad::nn::NamedTensors st = z.state();
+    auto step_of = [&](const std::string& n) {
+      for (const auto& nt : st)
+        if (nt.first == n) return nt.second.data<std::int64_t>()[0];
+      return std::int64_t{-1};
+    };
+    check(step_of("step") == 3 && step_of("used.step") == 3 && step_of("idle.step") == 1 && step_of("solo.step") == 1,
+          "Zero1: per-parameter step counts in its state", c);
+    // loading it back (here, as a resumed run would) and a bad state named on every rank alike
+    ad::Parameter u2 = zeros(4, "used"), i2 = zeros(4, "idle"), s2 = zeros(3, "solo");
+    ad::dist::Zero1 z2(c, ad::nn::NamedParameters{{"used", u2}, {"idle", i2}, {"solo", s2}},
+                       [](ad::nn::NamedParameters s) { return std::make_unique<ad::nn::SGD>(std::move(s), ad::nn::SGDOptions{0.1, 0.9}); });
+    z2.load_state(st);
+    ad::nn::NamedTensors st2 = z2.state();
+    bool same = st2.size() == st.size();
+    for (std::size_t k = 0; same && k < st.size(); ++k)
+      same = st[k].first == st2[k].first && ad::bitwise_equal(st[k].second.to(ad::Device::cpu()), st2[k].second.to(ad::Device::cpu()));
+    check(same, "Zero1: state() after load_state(state()) is the same state", c);
+    ad::nn::NamedTensors bad = st;
+    bad.emplace_back("ghost.step", bad[1].second);
+    check(fails_with([&] { z2.load_state(bad); }, "unexpected tensor \"ghost.step\""), "Zero1: unknown names in a state", c);
+  }
   fmt::print("rank {}: collectives {}\n", r, failures ? "FAILED" : "ok");
 }
 

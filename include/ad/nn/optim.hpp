@@ -107,10 +107,10 @@ class Optimizer {
   // tensor for an unknown name, a missing "step", a shape or dtype that
   // differs from the parameter's, or a slot without its "<name>.step".
   void load_state(const NamedTensors& state);
-
- protected:
   // Slot names for the current hyperparameters (e.g. none for plain SGD).
   virtual std::vector<std::string> slot_names() const = 0;
+
+ protected:
   // Updates parameter i; slots[k] matches slot_names()[k]; t = this
   // parameter's update number, from 1.
   virtual void update(const Parameter& p, std::vector<Tensor>& slots, std::int64_t t, double lr) = 0;
@@ -143,9 +143,9 @@ class SGD : public Optimizer {
   const char* name() const override { return "SGD"; }
   std::string hyperparameters() const override;
   const SGDOptions& options() const { return o_; }
+  std::vector<std::string> slot_names() const override;
 
  protected:
-  std::vector<std::string> slot_names() const override;
   void update(const Parameter& p, std::vector<Tensor>& slots, std::int64_t t, double lr) override;
 
  private:
@@ -171,10 +171,10 @@ class Adam : public Optimizer {
   const char* name() const override { return decoupled_ ? "AdamW" : "Adam"; }
   std::string hyperparameters() const override;
   const AdamOptions& options() const { return o_; }
+  std::vector<std::string> slot_names() const override;
 
  protected:
   Adam(NamedParameters params, AdamOptions o, bool decoupled);
-  std::vector<std::string> slot_names() const override;
   void update(const Parameter& p, std::vector<Tensor>& slots, std::int64_t t, double lr) override;
 
  private:
