@@ -35,12 +35,17 @@ struct AttentionOptions {
 // computed with f32 accumulation everywhere (scores, softmax statistics,
 // output sums; the per-row log-sum-exp residual is stored in f32) and the
 // output and the gradients are rounded to the input dtype once, at the end.
-// On the CPU every intermediate is f32; on CUDA the products run on tensor
-// cores (wmma, sm_80+), so the probabilities P and the backward's dS are also
-// rounded to the input dtype before their products with V, dO, Q, K (as in
-// FlashAttention). Expect errors of a few unit roundoffs u of the input type
-// (bf16 u = 2^-8, f16 u = 2^-11) relative to the largest value of each result
-// — tested at <= 4 u against f64 — not f32 accuracy.
+// On the CPU every intermediate is f32, the backward's D = dO . O included
+// (it recomputes the output in f32 rather than widen the rounded one: where
+// the softmax is peaked, D cancels against dP and the output's rounding gave
+// dq and dk errors of 50-150 u). On CUDA the products run on tensor cores
+// (wmma, sm_80+), so the probabilities P and the backward's dS are also
+// rounded to the input dtype before their products with V, dO, Q, K, and D is
+// formed from the rounded output (as in FlashAttention): expect larger
+// gradient errors there when the softmax is peaked. Expect errors of a few
+// unit roundoffs u of the input type (bf16 u = 2^-8, f16 u = 2^-11) relative
+// to the largest value of each result — tested on the CPU at <= 4 u against
+// f64, peaked rows included — not f32 accuracy.
 // Grouped-query attention when Hkv < H: Hkv must divide H, and query head h
 // uses key/value head g(h) = h / (H / Hkv).
 // A query row whose keys are all masked (key_lengths[b] = 0, or causal with

@@ -214,7 +214,9 @@ std::int64_t forward_workspace_bytes(const Dims& dm, std::size_t elem) {
   return threads_for(dm, false) * fwd_scratch(dm, elem) * static_cast<std::int64_t>(elem);
 }
 std::int64_t backward_workspace_bytes(const Dims& dm, std::size_t elem) {
-  if (elem == 2) return half_copies(dm, true) * 4 + backward_workspace_bytes(dm, 4);
+  if (elem == 2)  // the copies, the recomputed output's log-sum-exp, then either f32 kernel's scratch
+    return (half_copies(dm, true) + round_up(dm.B * dm.H * dm.Nq, 4)) * 4 +
+           std::max(backward_workspace_bytes(dm, 4), forward_workspace_bytes(dm, 4));
   return threads_for(dm, true) * bwd_scratch(dm, elem) * static_cast<std::int64_t>(elem);
 }
 
@@ -354,11 +356,16 @@ void backward_cpu_half(const Dims& dm, bool bf16, const std::uint16_t* q, const 
   const std::int64_t nq = dm.B * dm.H * dm.Nq * dm.d, nk = dm.B * dm.Hkv * dm.Nk * dm.d;
   Take take{static_cast<float*>(ws)};
   float *q32 = take(nq), *k32 = take(nk), *v32 = take(nk), *o32 = take(nq), *do32 = take(nq);
-  float *dq32 = take(nq), *dk32 = take(nk), *dv32 = take(nk);
+  float *dq32 = take(nq), *dk32 = take(nk), *dv32 = take(nk), *lse32 = take(dm.B * dm.H * dm.Nq);
   widen(bf16, q, q32, nq);
   widen(bf16, k, k32, nk);
   widen(bf16, v, v32, nk);
-  widen(bf16, o, o32, nq);
+  // the output in f32 again, not o widened: the backward's D = dO . O cancels
+  // against dP where the softmax is peaked, and o's rounding (u |O|) would
+  // swamp the gradients there (tens of u of bf16 in dq and dk). Same kernel,
+  // same inputs: the same bits as the forward's f32 output (and lse).
+  (void)o;
+  forward_cpu<float>(dm, q32, k32, v32, lens, o32, lse32, take.p);
   widen(bf16, dout, do32, nq);
   backward_cpu<float>(dm, q32, k32, v32, o32, lse, do32, dlse, lens, dq32, dk32, dv32, take.p);
   narrow(bf16, dq32, dq, nq);

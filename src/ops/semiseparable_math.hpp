@@ -58,8 +58,11 @@ AD_HD void tridiag_band_grads_row(std::int64_t i, std::int64_t N, std::int64_t o
 // Ratio form of the theta/phi recurrences of A = T - z I (a_i = d_i - z,
 // e_i = up_i lo_i): r_i = theta_i / theta_{i-1} = a_i - e_{i-1} / r_{i-1},
 // s_i = phi_i / phi_{i+1} = a_i - e_i / s_{i+1}. The ratios stay O(|a| + |e|/|r|)
-// where theta and phi themselves grow or shrink geometrically with N.
-AD_HD double resolvent_ratio(double a, double e, double prev) { return a - e / prev; }
+// where theta and phi themselves grow or shrink geometrically with N. e / prev
+// is formed as (up / prev) lo, never up lo: with every entry and z scaled by
+// 2^k the ratios scale by 2^k exactly, where up lo over- or underflowed for
+// entries past about 1e154 or below 1e-154 (NaN, or the coupling lost).
+AD_HD double resolvent_ratio(double a, double up, double lo, double prev) { return a - (up / prev) * lo; }
 // diag((T - zI)^-1)_i = theta_{i-1} phi_{i+1} / theta_N = 1 / (r_i + s_i - a_i).
 AD_HD double resolvent_diag(double r, double s, double a) { return 1.0 / (r + s - a); }
 // Both ratio sweeps of one shift z over rows [0, N): r[i] and s[i].
@@ -67,12 +70,11 @@ template <class T>
 AD_HD void resolvent_ratios(std::int64_t N, const T* d, const T* up, const T* lo, double z, double* r, double* s) {
   r[0] = static_cast<double>(d[0]) - z;
   for (std::int64_t i = 1; i < N; ++i)
-    r[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i - 1]) * static_cast<double>(lo[i - 1]),
+    r[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i - 1]), static_cast<double>(lo[i - 1]),
                            r[i - 1]);
   s[N - 1] = static_cast<double>(d[N - 1]) - z;
   for (std::int64_t i = N - 2; i >= 0; --i)
-    s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i]) * static_cast<double>(lo[i]),
-                           s[i + 1]);
+    s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i]), static_cast<double>(lo[i]), s[i + 1]);
 }
 // Reverse mode of one shift, given its ratios r, s and the cotangent dg of
 // G_i = 1 / D_i, D_i = r_i + s_i - a_i: Dbar_i = -dg_i G_i^2;
@@ -178,14 +180,15 @@ template <class T> AD_HD Cplx resolvent_shifted(const T* d, std::int64_t i, Cplx
   return {static_cast<double>(d[i]) - z.re, -z.im};
 }
 // Both ratio sweeps of one complex shift z: r_i = a_i - e_{i-1} / r_{i-1},
-// s_i = a_i - e_i / s_{i+1} (e_i = up_i lo_i real).
+// s_i = a_i - e_i / s_{i+1} (e_i = up_i lo_i real, formed as the real op does:
+// (up / w) lo, never up lo).
 template <class T>
 AD_HD void resolvent_ratios_complex(std::int64_t N, const T* d, const T* up, const T* lo, Cplx z, Cplx* r, Cplx* s) {
-  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+  auto e_over = [&](std::int64_t i, Cplx w) { return div_real(static_cast<double>(up[i]), w) * static_cast<double>(lo[i]); };
   r[0] = resolvent_shifted(d, 0, z);
-  for (std::int64_t i = 1; i < N; ++i) r[i] = resolvent_shifted(d, i, z) - div_real(e(i - 1), r[i - 1]);
+  for (std::int64_t i = 1; i < N; ++i) r[i] = resolvent_shifted(d, i, z) - e_over(i - 1, r[i - 1]);
   s[N - 1] = resolvent_shifted(d, N - 1, z);
-  for (std::int64_t i = N - 2; i >= 0; --i) s[i] = resolvent_shifted(d, i, z) - div_real(e(i), s[i + 1]);
+  for (std::int64_t i = N - 2; i >= 0; --i) s[i] = resolvent_shifted(d, i, z) - e_over(i, s[i + 1]);
 }
 // G_ii = 1 / (r_i + s_i - a_i)
 AD_HD Cplx resolvent_diag_complex(Cplx r, Cplx s, Cplx a) { return div_real(1.0, r + s - a); }
