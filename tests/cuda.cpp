@@ -397,7 +397,10 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                   {2, 1777, 12, 5, 0, false},   {2, 1777, 12, 5, 0, true},  {1, 1030, 64, 32, 0, false},
                   {1, 1030, 64, 32, 0, true},   {1, 70, 4, 1, 0, false},    {1, 70, 4, 1, 0, true},
                   // the one-pass causal kernel (D a power of two from 8): odd r, D = 8 and 32, many chunks
-                  {2, 5000, 8, 7, 0, true},     {1, 3000, 32, 3, 0, true},  {1, 9000, 16, 22, 0, true}};
+                  {2, 5000, 8, 7, 0, true},     {1, 3000, 32, 3, 0, true},  {1, 9000, 16, 22, 0, true},
+                  // many chunks in three batches: the scanner variants' prefixes restart at each batch
+                  // (added after the last GPU run: not yet run on one)
+                  {3, 20000, 16, 22, 0, true}};
   for (const M& m : ms) {
     const bool causal = m.causal;
     const std::int64_t chunk = m.chunk;
@@ -427,8 +430,9 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                     uniform64({4, 2}, rng, -0.5, 0.5)},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
-  // default, the first tiled, the warp-level, the staged ones, and those with bulk copies): all run
-  for (int variant : {0, 1, 2, 3, 4}) {
+  // default, the first tiled, the warp-level, the staged ones, those with bulk copies, and the causal
+  // one-pass kernel with scanner blocks, chunks for two or three blocks per multiprocessor): all run
+  for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];

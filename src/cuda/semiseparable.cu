@@ -1264,25 +1264,13 @@ __device__ inline void scan3_update(float (&P)[2][KB], const float* vrow, float2
   }
 }
 
-template <int KB, bool kExact>
-__global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
-                                                              const float* u, const float* v, float* y, int* flags,
-                                                              int* counter, double* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
-                                                              semisep_plan::StagedScan p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* const sm = reinterpret_cast<float*>(smem_raw);
-  double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
-  __shared__ long long s_id;
-  __shared__ int s_n, s_use;
-  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
-  const int h = t / p.Dh, hw = lane / p.Dh, e = 2 * (t % p.Dh);
-  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
-  if (t == 0) s_id = atomicAdd(counter, 1);  // chunks start in this order: the ones a block waits for run
-  __syncthreads();
-  const i64 id = s_id, b = id / nc, c = id % nc, i0 = c * p.Lg;
-  const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
-  // group 0: x from the row before the chunk (zeros before the first row), v,
-  // d and lo (lo_{i-1} at olo + (i - i0), 0 before the first row); group 1: u
+// The chunk's rows to shared memory: group 0 is x from the row before the
+// chunk (zeros before the first row), lo (lo_{i-1} at olo + (i - i0), 0
+// before the first row), v and d; group 1 is u.
+__device__ inline void scan3_copy(const semisep_plan::StagedScan& p, float* sm, const float* x, const float* d,
+                                  const float* lo, const float* u, const float* v, i64 b, i64 N, i64 D, i64 r, i64 i0,
+                                  int n) {
+  const int t = static_cast<int>(threadIdx.x), Di = static_cast<int>(D), ri = static_cast<int>(r);
   if (i0 > 0) {
     stage_span(sm + p.ox, x + (b * N + i0 - 1) * D, static_cast<int>((n + 1) * D));
     stage_span(sm + p.olo, lo + i0 - 1, n);
@@ -1297,11 +1285,20 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   __pipeline_commit();
   stage_span(sm + p.ou, u + i0 * r, n * ri);
   __pipeline_commit();
+}
+
+// Phase 1, once x and v are in (group 0): this thread's sub-chunk sum, scanned
+// across the block. On return P holds the sum of the sub-chunks before this
+// one in its warp, wt ([8][r][D] at owt) the warps' exclusive prefix (f32),
+// and a[q] the chunk's sum (f64) at elements 2 (t + 256 q) and + 1.
+template <int KB, bool kExact>
+__device__ inline void scan3_phase1(const semisep_plan::StagedScan& p, float* sm, int n, int ri, int Di,
+                                    float (&P)[2][KB], double2 (&a)[2]) {
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  const int h = t / p.Dh, hw = lane / p.Dh, e = 2 * (t % p.Dh), rD = ri * Di;
   const int j_begin = min(h * p.SR, n), j_end = min(j_begin + p.SR, n);
   __pipeline_wait_prior(1);
   __syncthreads();
-  // phase 1: this sub-chunk's sum
-  float P[2][KB];
 #pragma unroll
   for (int k = 0; k < KB; ++k) P[0][k] = P[1][k] = 0.f;
   {
@@ -1310,7 +1307,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     for (int j = j_begin; j < j_end; ++j, xr += Di, vr += ri)
       scan3_update<KB, kExact>(P, vr, *reinterpret_cast<const float2*>(xr), ri);
   }
-  // inclusive scan over the warp's sub-chunks, the warp's total to owt, then exclusive
+  // inclusive scan over the warp's sub-chunks, the warp's total to wt, then exclusive
   for (int s = 1; s < p.HW; s <<= 1) {
 #pragma unroll
     for (int k = 0; k < KB; ++k) {
@@ -1318,7 +1315,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
       if (hw >= s) P[0][k] += a0, P[1][k] += a1;
     }
   }
-  float* const wt = sm + p.owt;  // [8][r][D]
+  float* const wt = sm + p.owt;
   if (hw == p.HW - 1)
 #pragma unroll
     for (int k = 0; k < KB; ++k)
@@ -1330,17 +1327,10 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     P[1][k] = hw > 0 ? a1 : 0.f;
   }
   __syncthreads();
-  // the chunk's sum (f64), published; then the look-back for its exclusive
-  // prefix. A thread takes element pairs (2 pe, 2 pe + 1), pe = t + 256 q: the
-  // look-back reads 16 bytes per chunk and pair, kLB chunks in flight (4 at
-  // r > 28: 8 spilled registers there).
-  constexpr int kPr = 2, kLB = KB > 28 ? 4 : 8;  // pairs of r x D per thread (r D <= 1024)
-  const int nP = rD / 2;  // D is even
-  double2 a[kPr], ex[kPr];
 #pragma unroll
-  for (int q = 0; q < kPr; ++q) {
+  for (int q = 0; q < 2; ++q) {
     const int el = 2 * (t + 256 * q);
-    a[q] = double2{0, 0}, ex[q] = double2{0, 0};
+    a[q] = double2{0, 0};
     if (el < rD) {  // the chunk's sum in f64; wt becomes the warps' exclusive prefix (f32) in place
       float2 run{0.f, 0.f};
       for (int ww = 0; ww < 8; ++ww) {
@@ -1351,20 +1341,98 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
       }
     }
   }
-  auto publish = [&](double* to, const double2* val, int flag) {
+}
+
+// Phase 2, once u is in (group 1) and the chunk's exclusive prefix is in E
+// (shared, r x D doubles; written before the barrier here): the scan with
+// outputs, y_i = d_i x_i + lo_{i-1} x_{i-1} + u_i . P_i, from shared memory.
+template <int KB, bool kExact>
+__device__ inline void scan3_phase2(const semisep_plan::StagedScan& p, const float* sm, const double* E, float (&P)[2][KB],
+                                    float* y, i64 b, i64 N, i64 i0, int n, int ri, int Di) {
+  const int t = static_cast<int>(threadIdx.x), w = t >> 5;
+  const int h = t / p.Dh, e = 2 * (t % p.Dh), rD = ri * Di;
+  const int j_begin = min(h * p.SR, n), j_end = min(j_begin + p.SR, n);
+  const float* const wt = sm + p.owt;
+  __pipeline_wait_prior(0);  // u
+  __syncthreads();
+  // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
 #pragma unroll
-    for (int q = 0; q < kPr; ++q)
-      if (t + 256 * q < nP) reinterpret_cast<double2*>(to)[t + 256 * q] = val[q];
-    fence_acq_rel_gpu();
-    __syncthreads();
-    if (t == 0) st_release(flags + id, flag);
-  };
-  double2* const agg2 = reinterpret_cast<double2*>(agg);
-  double2* const inc2 = reinterpret_cast<double2*>(inc);
+  for (int k = 0; k < KB; ++k) {
+    if (k >= ri) {
+      P[0][k] = P[1][k] = 0.f;
+      continue;
+    }
+    const int el = k * Di + e;
+    const float2 wp = *reinterpret_cast<const float2*>(wt + w * rD + el);
+    P[0][k] = static_cast<float>(E[el] + static_cast<double>(wp.x) + static_cast<double>(P[0][k]));
+    P[1][k] = static_cast<float>(E[el + 1] + static_cast<double>(wp.y) + static_cast<double>(P[1][k]));
+  }
+  const float* xr = sm + p.ox + (j_begin + 1) * Di + e;
+  const float* vr = sm + p.ov + j_begin * ri;
+  const float* ur = sm + p.ou + j_begin * ri;
+  float* yr = y + (b * N + i0 + j_begin) * Di + e;
+  for (int j = j_begin; j < j_end; ++j, xr += Di, vr += ri, ur += ri, yr += Di) {
+    const float2 xv = *reinterpret_cast<const float2*>(xr);
+    scan3_update<KB, kExact>(P, vr, xv, ri);
+    float o0a = 0.f, o0b = 0.f, o1a = 0.f, o1b = 0.f;
+#pragma unroll
+    for (int k = 0; k < KB; k += 2) {
+      const float2 uu = scan3_pair<KB, kExact>(ur, k, ri);
+      o0a += uu.x * P[0][k];
+      o1a += uu.x * P[1][k];
+      o0b += uu.y * P[0][k + 1];
+      o1b += uu.y * P[1][k + 1];
+    }
+    const float2 xm = *reinterpret_cast<const float2*>(xr - Di);
+    const float di = sm[p.od + j], li = sm[p.olo + j];
+    const float b0 = fmaf(li, xm.x, di * xv.x), b1 = fmaf(li, xm.y, di * xv.y);  // lo x_{i-1} + d x_i, as before
+    *reinterpret_cast<float2*>(yr) = float2{b0 + (o0a + o0b), b1 + (o1a + o1b)};
+  }
+}
+
+// stores of the block, then `flag` released at f (after every thread's fence)
+__device__ inline void publish_sums(double* to, const double2 (&val)[2], int nP, int* f, int flag) {
+  const int t = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+    if (t + 256 * q < nP) reinterpret_cast<double2*>(to)[t + 256 * q] = val[q];
+  fence_acq_rel_gpu();
+  __syncthreads();
+  if (t == 0) st_release(f, flag);
+}
+
+template <int KB, bool kExact>
+__global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
+                                                              const float* u, const float* v, float* y, int* flags,
+                                                              int* counter, double* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
+                                                              semisep_plan::StagedScan p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
+  __shared__ long long s_id;
+  __shared__ int s_n, s_use;
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
+  if (t == 0) s_id = atomicAdd(counter, 1);  // chunks start in this order: the ones a block waits for run
+  __syncthreads();
+  const i64 id = s_id, b = id / nc, c = id % nc, i0 = c * p.Lg;
+  const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
+  scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
+  float P[2][KB];
+  double2 a[2], ex[2] = {double2{0, 0}, double2{0, 0}};
+  scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
+  // the chunk's sum (f64), published; then the look-back for its exclusive
+  // prefix. A thread takes element pairs (2 pe, 2 pe + 1), pe = t + 256 q: the
+  // look-back reads 16 bytes per chunk and pair, kLB chunks in flight (4 at
+  // r > 28: 8 spilled registers there).
+  constexpr int kPr = 2, kLB = KB > 28 ? 4 : 8;  // pairs of r x D per thread (r D <= 1024)
+  const int nP = rD / 2;  // D is even
+  const double2* const agg2 = reinterpret_cast<const double2*>(agg);
+  const double2* const inc2 = reinterpret_cast<const double2*>(inc);
   if (c == 0) {
-    publish(inc + id * rD, a, 2);
+    publish_sums(inc + id * rD, a, nP, flags + id, 2);
   } else {
-    publish(agg + id * rD, a, 1);
+    publish_sums(agg + id * rD, a, nP, flags + id, 1);
     i64 pp = c - 1;  // the nearest chunk not yet added
     for (;;) {
       if (w == 0) {
@@ -1410,91 +1478,168 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     double2 incl[kPr];
 #pragma unroll
     for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + a[q].x, ex[q].y + a[q].y};
-    publish(inc + id * rD, incl, 2);
+    publish_sums(inc + id * rD, incl, nP, flags + id, 2);
   }
 #pragma unroll
   for (int q = 0; q < kPr; ++q)
     if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
-  __pipeline_wait_prior(0);  // u
-  __syncthreads();
-  // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
-#pragma unroll
-  for (int k = 0; k < KB; ++k) {
-    if (k >= ri) {
-      P[0][k] = P[1][k] = 0.f;
-      continue;
-    }
-    const int el = k * Di + e;
-    const float2 wp = *reinterpret_cast<const float2*>(wt + w * rD + el);
-    P[0][k] = static_cast<float>(E[el] + static_cast<double>(wp.x) + static_cast<double>(P[0][k]));
-    P[1][k] = static_cast<float>(E[el + 1] + static_cast<double>(wp.y) + static_cast<double>(P[1][k]));
-  }
-  // phase 2: the scan with outputs, from shared memory; y_i = d_i x_i + lo_{i-1} x_{i-1} + u_i . P_i
-  const float* xr = sm + p.ox + (j_begin + 1) * Di + e;
-  const float* vr = sm + p.ov + j_begin * ri;
-  const float* ur = sm + p.ou + j_begin * ri;
-  float* yr = y + (b * N + i0 + j_begin) * D + e;
-  for (int j = j_begin; j < j_end; ++j, xr += Di, vr += ri, ur += ri, yr += Di) {
-    const float2 xv = *reinterpret_cast<const float2*>(xr);
-    scan3_update<KB, kExact>(P, vr, xv, ri);
-    float o0a = 0.f, o0b = 0.f, o1a = 0.f, o1b = 0.f;
-#pragma unroll
-    for (int k = 0; k < KB; k += 2) {
-      const float2 uu = scan3_pair<KB, kExact>(ur, k, ri);
-      o0a += uu.x * P[0][k];
-      o1a += uu.x * P[1][k];
-      o0b += uu.y * P[0][k + 1];
-      o1b += uu.y * P[1][k + 1];
-    }
-    const float2 xm = *reinterpret_cast<const float2*>(xr - Di);
-    const float di = sm[p.od + j], li = sm[p.olo + j];
-    const float b0 = fmaf(li, xm.x, di * xv.x), b1 = fmaf(li, xm.y, di * xv.y);  // lo x_{i-1} + d x_i, as before
-    *reinterpret_cast<float2*>(yr) = float2{b0 + (o0a + o0b), b1 + (o1a + o1b)};
-  }
+  scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
 }
 
-bool scan3_applies(const SemisepDims& dm) {
-  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
+// The scanner variant (compiled, not yet run on a GPU): the first S =
+// scan_scanners(r, D) blocks by the counter are scanners, the rest take the
+// chunks in counter order. A chunk publishes its sum (f64) and a flag, and
+// waits only for its own exclusive prefix; scanner s owns elements [128 s,
+// 128 s + 128) of the r x D sums (a thread each), adds the chunks' sums in
+// chunk order as their flags appear (up to 32 chunks per poll, 8 loads in
+// flight per thread), and publishes each chunk's exclusive prefix with a flag
+// of its own. A chunk's wait is then one poll after its predecessor's sum
+// reaches the scanners, however many chunks are still in flight, instead of a
+// look-back whose length grows with them (docs/benchmarks.md, "GPU: where the
+// one-pass causal kernel's time goes"). No deadlock: a chunk publishes its sum
+// before it waits, the scanners wait only for sums of chunks with earlier
+// counters (running or done), and the scanners hold the first counters.
+// kMinBlocks: the blocks per multiprocessor the plan was sized for.
+template <int KB, bool kExact, int kMinBlocks>
+__global__ void __launch_bounds__(256, kMinBlocks)
+    causal_scan4_kernel(const float* x, const float* d, const float* lo, const float* u, const float* v, float* y,
+                        int* sum_flags, int* counter, int* pre_flags, double* sums, double* pre, i64 B, i64 N, i64 D,
+                        i64 r, i64 nc, int S, semisep_plan::StagedScan p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  double* const E = reinterpret_cast<double*>(sm + p.oE);
+  __shared__ long long s_id;
+  __shared__ int s_n;
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
+  const i64 total = B * nc;
+  if (t == 0) s_id = atomicAdd(counter, 1);
+  __syncthreads();
+  const i64 ticket = s_id;
+  if (ticket < S) {  // a scanner
+    const int el = static_cast<int>(ticket) * 128 + t;
+    const bool mine = t < 128 && el < rD;
+    double run = 0;
+    i64 g = 0;  // the next chunk whose sum is not yet added
+    while (g < total) {
+      if (w == 0) {
+        for (;;) {  // how many chunks from g on have published their sums, in a row (at least one)
+          const i64 gg = g + lane;
+          const int st = gg < total ? ld_relaxed(sum_flags + gg) : 0;
+          const unsigned ready = __ballot_sync(0xffffffffu, st != 0);
+          const int cnt = ready == 0xffffffffu ? 32 : __ffs(~ready) - 1;
+          if (cnt > 0) {
+            fence_acq_rel_gpu();  // the sums behind the flags seen are read after this
+            if (lane == 0) s_n = cnt;
+            break;
+          }
+        }
+      }
+      __syncthreads();
+      const int cnt = s_n;
+      if (mine) {
+        for (int k0 = 0; k0 < cnt; k0 += 8) {
+          double l[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) l[k] = k0 + k < cnt ? __ldcg(sums + (g + k0 + k) * rD + el) : 0.0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (k0 + k >= cnt) break;
+            const i64 next = g + k0 + k + 1;  // its exclusive prefix is complete now
+            run += l[k];
+            if (next % nc == 0) run = 0;  // the next batch starts from zero (its first chunk waits for nothing)
+            else if (next < total) __stcg(pre + next * rD + el, run);
+          }
+        }
+      }
+      fence_acq_rel_gpu();
+      __syncthreads();  // every prefix stored (and s_n read) before the flags
+      if (w == 0 && lane < cnt) {
+        const i64 next = g + lane + 1;
+        if (next < total && next % nc != 0) st_release(pre_flags + ticket * total + next, 1);
+      }
+      g += cnt;
+    }
+    return;
+  }
+  const i64 id = ticket - S, b = id / nc, c = id % nc, i0 = c * p.Lg;
+  const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
+  scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
+  float P[2][KB];
+  double2 a[2];
+  scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
+  const int nP = rD / 2;
+  publish_sums(sums + id * rD, a, nP, sum_flags + id, 1);
+  if (c == 0) {
+    for (int q = t; q < rD; q += 256) E[q] = 0.0;
+  } else {
+    if (w == 0) {  // lane s < S polls scanner s's flag for this chunk
+      for (;;) {
+        const int st = lane < S ? ld_relaxed(pre_flags + lane * total + id) : 1;
+        if (__all_sync(0xffffffffu, st != 0)) break;
+      }
+      fence_acq_rel_gpu();  // the prefix behind the flags is read after this
+    }
+    __syncthreads();
+    for (int q = t; q < rD; q += 256) E[q] = __ldcg(pre + id * rD + q);
+  }
+  scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
+}
+
+bool scan3_applies(const SemisepDims& dm, int per_sm = 2) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, per_sm);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
+// scanners: 0 the look-back kernel; else the scanner kernel, sized for `per_sm` blocks per multiprocessor
 template <int KB, bool kExact>
 void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                     const float* v, float* y, void* ws) {
-  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
+                     const float* v, float* y, void* ws, bool scanners, int per_sm) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, per_sm);
   const i64 nc = (dm.N + p.Lg - 1) / p.Lg, blocks = dm.B * nc, rD = dm.r * dm.D;
+  const int S = semisep_plan::scan_scanners(dm.r, dm.D);
+  // flags for the sums, the counter, S flags per chunk for the prefixes; then sums and prefixes
   int* flags = static_cast<int*>(ws);
-  double* agg = reinterpret_cast<double*>(static_cast<char*>(ws) + (blocks + 1 + 3) / 4 * 16);
+  double* agg = reinterpret_cast<double*>(static_cast<char*>(ws) + (blocks * (1 + S) + 1 + 3) / 4 * 16);
   double* inc = agg + blocks * rD;
-  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks + 1) * sizeof(int)),
+  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks * (1 + S) + 1) * sizeof(int)),
              "cudaMemsetAsync (semiseparable_matvec)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
-  auto launch = [&](auto kernel) {
+  if (!scanners) {
+    auto kernel = causal_scan3_kernel<KB, kExact>;
     allow_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D, dm.r, nc, p);
-  };
-  launch(causal_scan3_kernel<KB, kExact>);
+    kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D,
+                                                         dm.r, nc, p);
+  } else {
+    auto launch = [&](auto kernel) {
+      allow_smem(kernel, smem);
+      kernel<<<static_cast<unsigned>(blocks + S), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, flags + blocks + 1,
+                                                               agg, inc, dm.B, dm.N, dm.D, dm.r, nc, S, p);
+    };
+    if (per_sm == 3) launch(causal_scan4_kernel<KB, kExact, 3>);
+    else launch(causal_scan4_kernel<KB, kExact, 2>);
+  }
   check_launch("semiseparable_matvec (causal, one pass)");
 }
 void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                  const float* v, float* y, void* ws) {
+                  const float* v, float* y, void* ws, bool scanners = false, int per_sm = 2) {
   // even r: a kernel for that rank exactly; odd r: r rounded up to 4, masked
   switch (dm.r) {
 #define AD_SCAN3_EVEN(R) \
-  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws); break;
+  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
     AD_SCAN3_EVEN(2) AD_SCAN3_EVEN(4) AD_SCAN3_EVEN(6) AD_SCAN3_EVEN(8) AD_SCAN3_EVEN(10) AD_SCAN3_EVEN(12)
     AD_SCAN3_EVEN(14) AD_SCAN3_EVEN(16) AD_SCAN3_EVEN(18) AD_SCAN3_EVEN(20) AD_SCAN3_EVEN(22) AD_SCAN3_EVEN(24)
     AD_SCAN3_EVEN(26) AD_SCAN3_EVEN(28) AD_SCAN3_EVEN(30) AD_SCAN3_EVEN(32)
 #undef AD_SCAN3_EVEN
     default:
       switch ((dm.r + 3) / 4) {
-        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws); break;
-        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
       }
   }
 }
@@ -1504,7 +1649,10 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
 // where they apply; 3: the staged ones where they apply (f32; causal in one
 // pass where semisep_plan::staged_scan fits, S then being its workspace of
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
-// in bulk where the device and the alignment allow.
+// in bulk where the device and the alignment allow; 5: as 3, the one-pass
+// causal product with scanner blocks instead of the look-back; 6: as 5 with
+// chunks sized for three blocks per multiprocessor (as 5 where that plan does
+// not fit). 5 and 6 are experiments, compiled but not yet run on a GPU.
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
@@ -1514,8 +1662,10 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
   const bool bulk = variant == 0 || variant == 4;
   if constexpr (sizeof(T) == 4) {
     v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y);
-    if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
-      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
+    const bool scanners = variant == 5 || variant == 6;
+    const int per_sm = variant == 6 && scan3_applies(dm, 3) ? 3 : 2;
+    if (v3 && causal && scan3_applies(dm, per_sm)) {  // one pass, its own chunks: no stages to stop after
+      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S, scanners, per_sm);
       return;
     }
     if (v3) chunk_sums3(dm, x, v, S, bulk);

@@ -195,8 +195,11 @@ double semiseparable_matvec_flops(const InferArgs& a, const Meta& out) {
 std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta& out) {
   const semisep::Dims dm = dims_of(a[0].shape, a[4].shape[1], a.attrs);
   auto ws = static_cast<std::int64_t>(semisep::matvec_ws_bytes(dm, dtype_size(a[0].dtype)));
-  if (out.device.kind == DeviceKind::cuda && a.attrs.causal && a[0].dtype == DType::f32)
+  if (out.device.kind == DeviceKind::cuda && a.attrs.causal && a[0].dtype == DType::f32) {
     ws = std::max(ws, cuda_k::semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r));
+    if (semisep::gpu_matvec_variant() == 6)  // smaller chunks (a test and benchmark setting)
+      ws = std::max(ws, cuda_k::semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r, 3));
+  }
   return ws;
 }
 void semiseparable_matvec_bwd(BackwardArgs& a) {
