@@ -262,3 +262,63 @@ TEST_CASE("remat: a policy whose fields were edited to invalid values is an ad::
   u.every = 3;
   CHECK_NOTHROW(run(u));
 }
+
+TEST_CASE("remat: manual keeps what a checkpointed view views (a reshape, attention's output)") {
+  ad::Rng rng(0);
+  ad::Parameter w1 = ad::Parameter::randn({16, 16}, rng, 0.3), w2 = ad::Parameter::randn({16, 16}, rng, 0.3);
+  ad::Tensor x = ad::Tensor::randn({8, 16}, rng);
+  auto run = [&](int mark) {
+    ad::Graph g;
+    ad::Var t = ad::tanh(ad::matmul(g.input(x), w1));
+    ad::Var r = ad::reshape(t, {8, 16});  // a view of t
+    if (mark == 1) ad::checkpoint(t);
+    if (mark == 2) ad::checkpoint(r);
+    return ad::backward(ad::sum(ad::tanh(ad::matmul(r, w2))), ad::policy::manual());
+  };
+  const ad::Report none = run(0), base = run(1), view = run(2);
+  CHECK(base.recomputed_nodes < none.recomputed_nodes);
+  CHECK(view.recomputed_nodes == base.recomputed_nodes);  // was none's: the mark on the view kept nothing
+  CHECK(view.measured_peak_bytes == base.measured_peak_bytes);
+  // attention's output is a part of the op's buffer: marking it keeps the attention
+  ad::Tensor q = ad::Tensor::randn({1, 1, 32, 16}, rng);
+  auto att = [&](bool mark) {
+    ad::Graph g;
+    ad::Var qv = g.input(q);
+    ad::Var h = ad::tanh(ad::matmul(ad::reshape(qv, {32, 16}), w1));
+    ad::Var a = ad::attention(ad::reshape(h, {1, 1, 32, 16}), ad::reshape(h, {1, 1, 32, 16}),
+                              ad::reshape(h, {1, 1, 32, 16}));
+    if (mark) ad::checkpoint(a);
+    return ad::backward(ad::sum(ad::tanh(a)), ad::policy::manual());
+  };
+  const ad::Report unmarked = att(false), marked = att(true);
+  CHECK(marked.recompute_flops < unmarked.recompute_flops);
+}
+
+TEST_CASE("remat: a graph with dropout drawn from an Rng reuses its plan (the stream position is not structure)") {
+  using namespace ad::literals;
+  ad::Rng init(0);
+  ad::Parameter w = ad::Parameter::randn({64, 64}, init, 0.15);
+  ad::Tensor x = ad::Tensor::randn({32, 64}, init);
+  ad::Policy pol = ad::policy::budget(64_KiB);
+  ad::Rng rng(5), ref_rng(5);
+  for (int step = 0; step < 4; ++step) {
+    auto build = [&](ad::Graph& g, ad::Rng& r) {
+      ad::Var t = ad::tanh(ad::matmul(g.input(x), w));
+      return ad::mean(ad::tanh(ad::matmul(ad::dropout(t, 0.1, r), w)));
+    };
+    w.zero_grad();
+    ad::Report rep;
+    {
+      ad::Graph g;
+      rep = ad::backward(build(g, rng), pol);
+    }
+    CHECK(rep.plan_cached == (step > 0));  // was false at every step
+    ad::Tensor got = w.grad().clone();
+    w.zero_grad();
+    {
+      ad::Graph g;
+      ad::backward(build(g, ref_rng));  // keep_all, same masks
+    }
+    CHECK(ad::bitwise_equal(got, w.grad()));  // the cached plan runs this step's masks
+  }
+}

@@ -58,7 +58,8 @@ struct Policy {
 namespace policy {
 // Keeps every value until its last use, then frees it. No recomputation.
 Policy keep_all();
-// Keeps only nodes marked with ad::checkpoint() (and leaves); every other
+// Keeps only nodes marked with ad::checkpoint() (and leaves; a marked view,
+// such as attention's output, keeps the value it views); every other
 // forward value is freed after the forward pass and recomputed when needed.
 Policy manual();
 // Keeps every k-th forward node (k >= 1; k = 1 keeps all).

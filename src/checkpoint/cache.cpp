@@ -26,6 +26,8 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
                 (static_cast<std::uint64_t>(n.checkpoint) << 17) | (static_cast<std::uint64_t>(n.meta.dtype) << 24) |
                 (static_cast<std::uint64_t>(n.inputs.size()) << 32));
     for (auto in : n.inputs) k.push_back(static_cast<std::uint64_t>(in));
+    // the device: kernels and their workspaces differ between CPU and GPU
+    k.push_back(static_cast<std::uint64_t>(n.meta.device.kind) << 32 | static_cast<std::uint32_t>(n.meta.device.index));
     shape(n.meta.shape);
     const Attrs& a = n.attrs;
     shape(a.shape);
@@ -38,8 +40,8 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
                 (static_cast<std::uint64_t>(a.trans_b) << 2) |
                 (static_cast<std::uint64_t>(a.causal) << 3) | (static_cast<std::uint64_t>(a.reduction) << 8) |
                 (static_cast<std::uint64_t>(a.dtype) << 16) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.which)) << 32));
-    k.push_back(a.seed);
-    k.push_back(a.offset);
+    // not a.seed or a.offset: a random op's stream position changes every
+    // step (dropout drawn from an Rng) and changes no size, cost or step
   }
   k.push_back(~0ull);
   for (auto t : targets) k.push_back(static_cast<std::uint64_t>(t));

@@ -220,7 +220,10 @@ class Runner {
           DType to = st.kind == Step::Kind::compress ? static_cast<DType>(st.aux) : nd.meta.dtype;
           double ts = trace_ ? trace_->now_us() : 0;
           Tensor t = Tensor::empty(nd.meta.shape, to, nd.meta.device, g_.alloc);
-          if (trace_) event(TraceEvent::Kind::alloc, st.node, static_cast<std::int64_t>(t.nbytes()));
+          if (trace_) {  // both copies exist now: the moment the live counter must show
+            event(TraceEvent::Kind::alloc, st.node, static_cast<std::int64_t>(t.nbytes()));
+            mark_live();
+          }
           t.copy_from(nd.value);  // converts
           if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
           nd.value = std::move(t);
