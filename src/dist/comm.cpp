@@ -255,8 +255,7 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
   w.impl_->op = op;
   w.impl_->done = false;
   if (impl_->nccl) {
-    if (!bad.empty()) throw Error(bad);
-    nccl_all_reduce(*impl_, *w.impl_);
+    nccl_all_reduce(*impl_, *w.impl_, bad);
     return w;
   }
 #if AD_HAVE_MPI
@@ -280,8 +279,8 @@ void Communicator::broadcast(Tensor& t, int root) const {
     check_tensor(*impl_, "broadcast", t, false);
     if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
   });
-  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
-  if (impl_->nccl) return nccl_broadcast(*impl_, t, root);
+  if (!bad.empty() && !impl_->mpi) throw Error(bad);
+  if (impl_->nccl) return nccl_broadcast(*impl_, t, root, bad);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
   check_same(*impl_, "broadcast", t.shape(), t.dtype(), root, what(t), bad);
@@ -301,8 +300,8 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
       throw Error(fmt::format("reduce_scatter: in {} must hold world size ({}) x out {} elements of one dtype", what(in),
                               size(), what(out)));
   });
-  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
-  if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op);
+  if (!bad.empty() && !impl_->mpi) throw Error(bad);
+  if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op, bad);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "reduce_scatter", in.shape(), in.dtype(), static_cast<std::int64_t>(op), what(in), bad);
@@ -327,8 +326,8 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
       throw Error(fmt::format("all_gather: out {} must hold world size ({}) x in {} elements of one dtype", what(out),
                               size(), what(in)));
   });
-  if (!bad.empty() && (impl_->nccl || !impl_->mpi)) throw Error(bad);
-  if (impl_->nccl) return nccl_all_gather(*impl_, in, out);
+  if (!bad.empty() && !impl_->mpi) throw Error(bad);
+  if (impl_->nccl) return nccl_all_gather(*impl_, in, out, bad);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "all_gather", in.shape(), in.dtype(), 0, what(in), bad);

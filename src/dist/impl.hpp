@@ -50,12 +50,14 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
 // ---- NCCL backend (nccl.cpp; in a build without NCCL, nccl_init throws and
 // the rest is never reached) ----
 void nccl_init(Communicator::Impl& c);  // picks the GPU, creates the communicator (id over MPI)
-void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w);
+// bad: this rank's own argument error ("" if none), shared with every rank
+// through the MPI check (check_same) when MPI runs the job, else thrown here
+void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w, const std::string& bad);
 void nccl_wait(Communicator::Work::Impl& w);
 bool nccl_test(Communicator::Work::Impl& w);
-void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root);
-void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& out, ReduceOp op);
-void nccl_all_gather(const Communicator::Impl& c, const Tensor& in, Tensor& out);
+void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root, const std::string& bad);
+void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& out, ReduceOp op, const std::string& bad);
+void nccl_all_gather(const Communicator::Impl& c, const Tensor& in, Tensor& out, const std::string& bad);
 void nccl_barrier(const Communicator::Impl& c);
 
 }  // namespace ad::dist

@@ -55,13 +55,20 @@ struct OnDevice {
 };
 std::string what(const Tensor& t) { return fmt::format("{}{}@cuda:{}", dtype_name(t.dtype()), t.shape().str(), t.device().index); }
 
-// arg: the root or the reduce op (check_same)
-void same_everywhere(const Communicator::Impl& c, const char* op, std::int64_t arg, const Tensor& t) {
+// arg: the root or the reduce op (check_same); bad: this rank's own argument
+// error, which fails every rank at once under MPI (the others would wait for
+// this rank's NCCL call until the timeout)
+void same_everywhere(const Communicator::Impl& c, const char* op, std::int64_t arg, const Tensor& t,
+                     const std::string& bad) {
 #if AD_HAVE_MPI
-  if (c.mpi) check_same(c, op, t.shape(), t.dtype(), arg, what(t));
+  if (c.mpi) {
+    check_same(c, op, t.shape(), t.dtype(), arg, bad.empty() ? what(t) : std::string("an invalid call"), bad);
+    return;
+  }
 #else
   (void)c, (void)op, (void)arg, (void)t;
 #endif
+  if (!bad.empty()) throw Error(bad);
 }
 
 // Records an event after the queued work and waits for it against the timeout.
@@ -133,8 +140,8 @@ Communicator::Work::Impl::~Impl() {
   if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }
 
-void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w) {
-  same_everywhere(c, "all_reduce", static_cast<std::int64_t>(w.op), w.t);
+void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w, const std::string& bad) {
+  same_everywhere(c, "all_reduce", static_cast<std::int64_t>(w.op), w.t, bad);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclAllReduce(w.t.raw(), w.t.raw(), static_cast<std::size_t>(w.t.numel()), nccl_type(w.t.dtype()),
                               ncclSum, comm_of(c), 0),
@@ -157,8 +164,8 @@ bool nccl_test(Communicator::Work::Impl& w) {
   w.done = true;
   return true;
 }
-void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root) {
-  same_everywhere(c, "broadcast", root, t);
+void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root, const std::string& bad) {
+  same_everywhere(c, "broadcast", root, t, bad);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), static_cast<std::size_t>(t.numel()), nccl_type(t.dtype()), root,
                               comm_of(c), 0),
@@ -166,8 +173,9 @@ void nccl_broadcast(const Communicator::Impl& c, Tensor& t, int root) {
   c.bytes += static_cast<std::int64_t>(t.nbytes());
   sync(c, "broadcast", what(t));
 }
-void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& out, ReduceOp op) {
-  same_everywhere(c, "reduce_scatter", static_cast<std::int64_t>(op), in);
+void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& out, ReduceOp op,
+                         const std::string& bad) {
+  same_everywhere(c, "reduce_scatter", static_cast<std::int64_t>(op), in, bad);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()), nccl_type(in.dtype()),
                                   ncclSum, comm_of(c), 0),
@@ -176,8 +184,8 @@ void nccl_reduce_scatter(const Communicator::Impl& c, const Tensor& in, Tensor& 
   c.bytes += static_cast<std::int64_t>(in.nbytes());
   sync(c, "reduce_scatter", what(in));
 }
-void nccl_all_gather(const Communicator::Impl& c, const Tensor& in, Tensor& out) {
-  same_everywhere(c, "all_gather", 0, in);
+void nccl_all_gather(const Communicator::Impl& c, const Tensor& in, Tensor& out, const std::string& bad) {
+  same_everywhere(c, "all_gather", 0, in, bad);
   OnDevice on(c.device);
   AD_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<std::size_t>(in.numel()), nccl_type(in.dtype()),
                               comm_of(c), 0),
@@ -200,12 +208,12 @@ void nccl_init(Communicator::Impl&) {
 }
 Communicator::Impl::~Impl() = default;
 Communicator::Work::Impl::~Impl() = default;
-void nccl_all_reduce(const Communicator::Impl&, Communicator::Work::Impl&) {}
+void nccl_all_reduce(const Communicator::Impl&, Communicator::Work::Impl&, const std::string&) {}
 void nccl_wait(Communicator::Work::Impl&) {}
 bool nccl_test(Communicator::Work::Impl&) { return true; }
-void nccl_broadcast(const Communicator::Impl&, Tensor&, int) {}
-void nccl_reduce_scatter(const Communicator::Impl&, const Tensor&, Tensor&, ReduceOp) {}
-void nccl_all_gather(const Communicator::Impl&, const Tensor&, Tensor&) {}
+void nccl_broadcast(const Communicator::Impl&, Tensor&, int, const std::string&) {}
+void nccl_reduce_scatter(const Communicator::Impl&, const Tensor&, Tensor&, ReduceOp, const std::string&) {}
+void nccl_all_gather(const Communicator::Impl&, const Tensor&, Tensor&, const std::string&) {}
 void nccl_barrier(const Communicator::Impl&) {}
 
 #endif
