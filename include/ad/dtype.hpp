@@ -92,4 +92,20 @@ AD_HD float f16_to_f32(std::uint16_t h) {
   return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// f64 -> f32 rounded to odd: an inexact result is truncated toward zero and
+// its last bit set. Rounding that f32 to f16 or bf16 (nearest even) then
+// gives the f64's own nearest f16 / bf16: round to odd with at least two
+// extra bits makes the second rounding exact, where f64 -> f32 -> f16 by
+// nearest twice rounded ties the wrong way (1 + 2^-11 + 2^-40 to 1 in f16).
+AD_HD float f64_to_f32_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || d != d) return f;  // exact, or NaN
+  std::uint32_t u = f32_bits(f);
+  const double af = f < 0 ? -static_cast<double>(f) : static_cast<double>(f), ad = d < 0 ? -d : d;
+  if (af > ad) u -= 1u;  // rounded away from zero (inf included): one step toward zero, same sign
+  return f32_from_bits(u | 1u);
+}
+AD_HD std::uint16_t f64_to_f16(double d) { return f32_to_f16(f64_to_f32_odd(d)); }
+AD_HD std::uint16_t f64_to_bf16(double d) { return f32_to_bf16(f64_to_f32_odd(d)); }
+
 }  // namespace ad

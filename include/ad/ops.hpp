@@ -16,7 +16,8 @@ Var add(const Operand& a, const Operand& b);
 Var sub(const Operand& a, const Operand& b);
 Var mul(const Operand& a, const Operand& b);
 Var div(const Operand& a, const Operand& b);
-// a^b elementwise; d/db uses log(a), defined for a > 0.
+// a^b elementwise; d/da = b a^(b-1), 0 where b = 0 (a = 0 included); d/db
+// uses log(a), defined for a > 0.
 Var pow(const Operand& a, const Operand& b);
 
 // ---- elementwise with a scalar ----
@@ -32,10 +33,10 @@ Var exp(const Operand& x);
 Var log(const Operand& x);
 Var sqrt(const Operand& x);
 Var abs(const Operand& x);      // d/dx = sign(x), 0 at 0
-Var sign(const Operand& x);     // -1, 0, 1; gradient 0
+Var sign(const Operand& x);     // -1, 0, 1 (NaN for NaN); gradient 0
 Var tanh(const Operand& x);
 Var sigmoid(const Operand& x);
-Var relu(const Operand& x);     // d/dx = 1 for x > 0, else 0
+Var relu(const Operand& x);     // NaN stays NaN; d/dx = 1 for x > 0, else 0
 Var gelu(const Operand& x);     // exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 Var silu(const Operand& x);     // x * sigmoid(x)
 // Converts between f32, f64, f16 and bf16 (f16/bf16 are storage only);
@@ -86,7 +87,8 @@ Var mean(const Operand& x, const Shape& axes = {}, bool keepdim = false);
 // if a reduced axis is empty.
 Var max(const Operand& x, const Shape& axes = {}, bool keepdim = false);
 // log sum exp over `axis`, stable for large |x|. A row of all -inf gives
-// -inf, with gradient 0.
+// -inf, with gradient 0; a row with a NaN gives NaN (softmax and log_softmax
+// too).
 Var logsumexp(const Operand& x, int axis = -1, bool keepdim = false);
 // exp(x - logsumexp(x)) over `axis`. A row of all -inf gives all 0 (and
 // gradient 0), never NaN.

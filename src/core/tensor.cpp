@@ -15,8 +15,8 @@ template <class F> void visit_store(DType t, void* p, std::int64_t n, F&& f) {
   switch (t) {
     case DType::f32: { auto* q = static_cast<float*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = static_cast<float>(f(i)); break; }
     case DType::f64: { auto* q = static_cast<double*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f(i); break; }
-    case DType::f16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_f16(static_cast<float>(f(i))); break; }
-    case DType::bf16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f32_to_bf16(static_cast<float>(f(i))); break; }
+    case DType::f16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f64_to_f16(static_cast<double>(f(i))); break; }
+    case DType::bf16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f64_to_bf16(static_cast<double>(f(i))); break; }
     case DType::i64: {
       auto* q = static_cast<std::int64_t*>(p);
       for (std::int64_t i = 0; i < n; ++i) {

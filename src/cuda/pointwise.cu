@@ -70,6 +70,17 @@ __global__ void to16_kernel(const float* x, std::uint16_t* y, std::int64_t n, bo
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     y[i] = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
 }
+// from f64 in one rounding (f64_to_f16 / f64_to_bf16: through an f32 rounded to odd)
+__global__ void to16_from64_kernel(const double* x, std::uint16_t* y, std::int64_t n, bool bf) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = bf ? f64_to_bf16(x[i]) : f64_to_f16(x[i]);
+}
+__global__ void from16_to64_kernel(const std::uint16_t* x, double* y, std::int64_t n, bool bf) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = static_cast<double>(bf ? bf16_to_f32(x[i]) : f16_to_f32(x[i]));
+}
 __global__ void from16_kernel(const std::uint16_t* x, float* y, std::int64_t n, bool bf) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
@@ -150,6 +161,12 @@ void cast(DType from, DType to, const void* x, void* y, std::int64_t n) {
   } else if (is16(from) && to == DType::f32) {
     from16_kernel<<<g, kThreads>>>(static_cast<const std::uint16_t*>(x), static_cast<float*>(y), n,
                                    from == DType::bf16);
+  } else if (from == DType::f64 && is16(to)) {
+    to16_from64_kernel<<<g, kThreads>>>(static_cast<const double*>(x), static_cast<std::uint16_t*>(y), n,
+                                        to == DType::bf16);
+  } else if (is16(from) && to == DType::f64) {
+    from16_to64_kernel<<<g, kThreads>>>(static_cast<const std::uint16_t*>(x), static_cast<double*>(y), n,
+                                        from == DType::bf16);
   } else {
     throw Error(std::string("cast: ") + dtype_name(from) + " -> " + dtype_name(to) +
                              " has no direct CUDA kernel; go through f32");

@@ -77,11 +77,14 @@ const OpDef op_def_div{.name = "div", .args = "a,b", .arity = 2, .infer = infer_
                        .backward = div_bwd, .saves = saves_input(1) | kSavesOutput, .overwrites = 0b11};
 Var div(const Operand& a, const Operand& b) { return make_node(OpId::div, {a, b}); }
 
-// ---- pow ----  y = a^b; d/da = b a^(b-1), d/db = y log a (defined for a > 0)
+// ---- pow ----  y = a^b; d/da = b a^(b-1) (0 where b = 0), d/db = y log a (defined for a > 0)
 void pow_cpu(const KernelArgs& k) { binary(k, "pow", pw::Pow{}); }
 AD_CUDA_ONLY(void pow_cuda(const KernelArgs& k) { binary_cuda(k, pw::Pow{}); })
 void pow_bwd(BackwardArgs& a) {
-  if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, mul(a.in[1], pow(a.in[0], add_scalar(a.in[1], -1.0)))), a.in[0]);
+  // d/da = b a^(b - sign|b|): the exponent is b - 1, except 0 where b = 0, so that a = 0, b = 0 gives
+  // 0 a^0 = 0 rather than 0 * inf = NaN
+  if (a.needs[0])
+    a.grad[0] = unbroadcast(mul(a.dout, mul(a.in[1], pow(a.in[0], sub(a.in[1], sign(abs(a.in[1])))))), a.in[0]);
   if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, mul(a.out, log(a.in[0]))), a.in[1]);
 }
 const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = pow_cpu, .cuda = AD_CUDA_FN(pow_cuda),

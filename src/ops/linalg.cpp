@@ -117,7 +117,11 @@ void matmul_bwd(BackwardArgs& a) {
   if (a.needs[1]) {
     Var g;
     if (A.rank() > 2 && B.rank() == 2 && !ta) {  // [B,T,K] x [K,N]: fold the batch, one GEMM
-      Var Af = reshape(A, {-1, A.dim(-1)}), dCf = reshape(dC, {-1, dC.dim(-1)});
+      // the rows counted (A and dC share their leading dims), not -1: next to a K or N of 0, -1
+      // is ambiguous and reshape threw
+      std::int64_t rows = 1;
+      for (int i = 0; i + 1 < A.rank(); ++i) rows *= A.dim(i);
+      Var Af = reshape(A, {rows, A.dim(-1)}), dCf = reshape(dC, {rows, dC.dim(-1)});
       g = tb ? matmul(dCf, Af, true, false) : matmul(Af, dCf, true, false);
     } else {
       g = tb ? matmul(dC, A, true, ta) : matmul(A, dC, !ta, false);

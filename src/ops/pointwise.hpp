@@ -30,10 +30,10 @@ AD_PW_UNARY(Exp, math::exp_(x))
 AD_PW_UNARY(Log, std::log(x))
 AD_PW_UNARY(Sqrt, std::sqrt(x))
 AD_PW_UNARY(Abs, std::fabs(x))
-AD_PW_UNARY(Sign, x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)))
+AD_PW_UNARY(Sign, x > T(0) ? T(1) : (x < T(0) ? T(-1) : (x == T(0) ? T(0) : x)))  // NaN -> NaN
 AD_PW_UNARY(Tanh, math::tanh_(x))
 AD_PW_UNARY(Sigmoid, math::sigmoid_(x))
-AD_PW_UNARY(Relu, x > T(0) ? x : T(0))
+AD_PW_UNARY(Relu, x > T(0) ? x : (x == x ? T(0) : x))  // NaN -> NaN
 AD_PW_UNARY(Gelu, math::gelu(x))
 AD_PW_UNARY(Silu, math::silu(x))
 // ---- with a scalar ----

@@ -15,12 +15,15 @@
 namespace ad::rows {
 
 template <class T> AD_HD T neg_inf() { return -std::numeric_limits<T>::infinity(); }
+// max that propagates NaN (std::max(m, NaN) keeps m: a row of NaN and -inf
+// then passed for an all -inf row, and logsumexp / softmax dropped the NaN)
+template <class T> AD_HD T nan_max(T m, T v) { return v > m || v != v ? v : m; }
 
 // Stable log-sum-exp of a strided row; -inf for an all -inf (or empty) row.
 template <class T> AD_HD double lse(const T* x, std::int64_t base, std::int64_t stride, std::int64_t len) {
   double m = neg_inf<double>();
-  for (std::int64_t j = 0; j < len; ++j) m = std::max(m, static_cast<double>(x[base + j * stride]));
-  if (!std::isfinite(m)) return m;  // all -inf row -> -inf; a +inf entry -> +inf
+  for (std::int64_t j = 0; j < len; ++j) m = nan_max(m, static_cast<double>(x[base + j * stride]));
+  if (!std::isfinite(m)) return m;  // all -inf row -> -inf; a +inf entry -> +inf; a NaN -> NaN
   double s = 0;
   for (std::int64_t j = 0; j < len; ++j) s += std::exp(static_cast<double>(x[base + j * stride]) - m);
   return m + std::log(s);
@@ -56,7 +59,7 @@ template <class T> struct Softmax {
   std::int64_t len;
   AD_HD void operator()(std::int64_t base, std::int64_t stride, std::int64_t) const {
     T m = neg_inf<T>();
-    for (std::int64_t j = 0; j < len; ++j) m = std::max(m, x[base + j * stride]);
+    for (std::int64_t j = 0; j < len; ++j) m = nan_max(m, x[base + j * stride]);
     if (m == neg_inf<T>()) {
       for (std::int64_t j = 0; j < len; ++j) y[base + j * stride] = T(0);
       return;

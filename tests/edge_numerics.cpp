@@ -1,0 +1,119 @@
+// Edge values in the core ops' numbers (not their errors: tests/edge_input.cpp):
+// empty products, NaN through row reductions and activations, 0^0, the
+// saturation of f32 tanh, and f64 -> f16 / bf16 in one rounding.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "ad/ad.hpp"
+#include "test_util.hpp"
+
+using namespace ad;
+using namespace ad::test;
+
+TEST_CASE("edge: matmul of a batched a and a 2-D b with K or N = 0 differentiates to empty or zero gradients") {
+  // the backward folded the batch with reshape(., {-1, 0}): -1 next to a 0 is ambiguous, and it threw
+  for (auto [sa, sb, tb] : {std::tuple<Shape, Shape, bool>{{2, 3, 4}, {4, 0}, false}, {{2, 3, 4}, {0, 4}, true},
+                            {{2, 3, 0}, {0, 5}, false}, {{2, 3, 0}, {5, 0}, true}}) {
+    INFO(sa.str(), " x ", sb.str(), tb ? "^T" : "");
+    Graph g;
+    Var a = g.input(Tensor::ones(sa, DType::f64)), b = g.input(Tensor::ones(sb, DType::f64));
+    std::vector<Var> gr = grad(sum(matmul(a, b, false, tb)), {a, b});
+    Tensor ga = eval(gr[0]), gb = eval(gr[1]);
+    CHECK(ga.shape() == sa);
+    CHECK(gb.shape() == sb);
+    for (double v : ga.to_vector()) CHECK(v == 0.0);  // C is empty (N = 0) or K = 0: nothing flows
+  }
+}
+
+TEST_CASE("edge: a NaN in a row makes logsumexp, softmax and log_softmax NaN (it was taken for -inf)") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::f64, DType::f32}) {
+    INFO(dtype_name(t));
+    Graph g;
+    // rows: all NaN; NaN with -inf; +inf with NaN; an ordinary row
+    Var x = g.input(f64s({nan, nan, nan, nan, -inf, -inf, inf, nan, 1.0, 0.0, 1.0, 2.0}, {4, 3}).to(t));
+    auto lse = eval(logsumexp(x, 1)).to_vector(), sm = eval(softmax(x, 1)).to_vector(),
+         ls = eval(log_softmax(x, 1)).to_vector(), dl = eval(grad(sum(logsumexp(x, 1)), {x})[0]).to_vector();
+    for (int r = 0; r < 3; ++r) {
+      CHECK(std::isnan(lse[static_cast<std::size_t>(r)]));
+      for (int c = 0; c < 3; ++c) {
+        const auto i = static_cast<std::size_t>(3 * r + c);
+        CHECK(std::isnan(sm[i]));
+        CHECK(std::isnan(ls[i]));
+        CHECK(std::isnan(dl[i]));
+      }
+    }
+    CHECK(std::isfinite(lse[3]));  // the other row is untouched
+    CHECK(sm[9] + sm[10] + sm[11] == doctest::Approx(1.0));
+  }
+}
+
+TEST_CASE("edge: relu and sign keep NaN; pow's d/da is 0 at a = b = 0; f32 tanh reaches 1") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType t : {DType::f64, DType::f32}) {
+    INFO(dtype_name(t));
+    Graph g;
+    Var x = g.input(f64s({nan, 1.0, -2.0, 0.0}, {4}).to(t));
+    auto r = eval(relu(x)).to_vector(), s = eval(sign(x)).to_vector(), da = eval(grad(sum(abs(x)), {x})[0]).to_vector();
+    CHECK(std::isnan(r[0]));
+    CHECK(std::isnan(s[0]));
+    CHECK(std::isnan(da[0]));  // d|x|/dx = sign(x)
+    CHECK(r[1] == 1.0);
+    CHECK(r[2] == 0.0);
+    CHECK(s[2] == -1.0);
+    CHECK(s[3] == 0.0);
+    CHECK(da[3] == 0.0);
+    Graph g2;
+    Var a = g2.input(f64s({0.0, 0.0, 2.0}, {3}).to(t)), b = g2.input(f64s({0.0, 2.0, 0.0}, {3}).to(t));
+    auto ga = eval(grad(sum(pow(a, b)), {a})[0]).to_vector();
+    CHECK(ga[0] == 0.0);  // 0 * 0^-1 was NaN
+    CHECK(ga[1] == 0.0);  // 2 * 0^1
+    CHECK(ga[2] == 0.0);  // 0 * 2^-1
+  }
+  Graph g;
+  Var x = g.input(f64s({9.5, 20.0, std::numeric_limits<double>::infinity(), -9.5, 9.01}, {5}).to(DType::f32));
+  auto y = eval(tanh(x)).to_vector(), dy = eval(grad(sum(tanh(x)), {x})[0]).to_vector();
+  CHECK(y[0] == 1.0);  // was 0.99999994 (a clamp at 9)
+  CHECK(y[1] == 1.0);
+  CHECK(y[2] == 1.0);
+  CHECK(y[3] == -1.0);
+  CHECK(static_cast<float>(y[4]) == static_cast<float>(std::tanh(9.01)));  // below the clamp: nearest
+  for (int i = 0; i < 4; ++i) CHECK(dy[static_cast<std::size_t>(i)] == 0.0);
+}
+
+TEST_CASE("edge: f64 converts to f16 and bf16 in one rounding (no double rounding through f32)") {
+  // just above the midpoint between two f16 (bf16) values: the upper one, not the even lower one
+  Tensor hi = f64s({1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-8 + 0x1p-30, -(1 + 0x1p-11 + 0x1p-40), 0x1p-25 + 0x1p-60}, {4});
+  auto f16 = hi.to(DType::f16).to(DType::f64).to_vector(), bf = hi.to(DType::bf16).to(DType::f64).to_vector();
+  CHECK(f16[0] == 1 + 0x1p-10);
+  CHECK(bf[1] == 1 + 0x1p-7);
+  CHECK(f16[2] == -(1 + 0x1p-10));
+  CHECK(f16[3] == 0x1p-24);  // above half the smallest subnormal: rounds up to it
+  // the cast op too, and exact midpoints still round to even
+  Graph g;
+  Var c = cast(g.input(f64s({1 + 0x1p-11 + 0x1p-40, 1 + 0x1p-11, 1 + 3 * 0x1p-11}, {3})), DType::f16);
+  auto cv = eval(c).to(DType::f64).to_vector();
+  CHECK(cv[0] == 1 + 0x1p-10);
+  CHECK(cv[1] == 1.0);
+  CHECK(cv[2] == 1 + 0x1p-9);
+  // against the neighbouring f16 values for random doubles: the result is the nearest
+  Rng rng(3);
+  Tensor r = Tensor::randn({20000}, rng, DType::f64, 0.0, 3.0);
+  Tensor h = r.to(DType::f16);
+  auto rv = r.to_vector();
+  const auto* hb = static_cast<const std::uint16_t*>(h.raw());
+  int wrong = 0;
+  for (std::size_t i = 0; i < rv.size(); ++i) {
+    const double d = rv[i], got = f16_to_f32(hb[i]);
+    for (int step : {-1, 1}) {  // the f16 values on either side (same sign: |d| < 65504 here)
+      const double other = f16_to_f32(static_cast<std::uint16_t>(hb[i] + step));
+      if (std::abs(d - other) < std::abs(d - got)) ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+}
