@@ -173,3 +173,26 @@ TEST_CASE("semiseparable mixer layer is causal, differentiable and trains") {
   CHECK(error_of([&] { mix(g.input(Tensor::randn({1, 4, C + 1}, rng))); }).find("SemiseparableMixer") == 0);
   CHECK(error_of([&] { SemiseparableMixer::make(0, 4, 2, rng); }).find("SemiseparableMixer") == 0);
 }
+
+TEST_CASE("semiseparable mixer in f64 runs (U, V in their own dtype) and agrees with f32") {
+  // make(..., f64) left uv_dtype at f32: U and V were cast to f32 and the product refused x f64
+  Rng r64(86), r32(86);
+  SemiseparableMixer m64 = SemiseparableMixer::make(12, 4, 2, r64, DType::f64);
+  SemiseparableMixer m32 = SemiseparableMixer::make(12, 4, 2, r32, DType::f32);
+  CHECK(m64.uv_dtype == DType::f64);
+  Rng rx(87);
+  Tensor x = Tensor::randn({2, 9, 4}, rx, DType::f64);
+  Graph g;
+  Var xv = g.input(x);
+  Var y = m64(xv);
+  Tensor y64 = eval(y);
+  CHECK(y64.dtype() == DType::f64);
+  Graph g32;
+  Tensor y32 = eval(m32(g32.input(x.to(DType::f32))));
+  CHECK(rel_fro(y64, y32.to(DType::f64)) < 1e-5);  // the same draws, rounded
+  backward(sum(y));
+  for (const Parameter& p : m64.parameters()) CHECK(p.has_grad());
+  m64.uv_dtype = DType::f32;  // f32 / f64: the parameters' own dtype, still runs
+  Graph g2;
+  CHECK(eval(m64(g2.input(x))).dtype() == DType::f64);
+}

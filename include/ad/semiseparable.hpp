@@ -135,7 +135,8 @@ class Hodlr {
 // position and sliced to the first N rows (N <= max_len). U and V do not
 // depend on the input; the input enters through W_in and the mixing is the
 // same for every channel. uv_dtype bf16/f16 casts U and V for the product
-// (mixed precision; gradients reach the f32 parameters through the cast).
+// (mixed precision; gradients reach the f32 parameters through the cast);
+// f32 or f64 uses them in their own dtype (make() sets it to `dtype`).
 struct SemiseparableMixer {
   Parameter t_diag, t_lower, u, v, w_in, w_out;
   std::int64_t max_len = 0, channels = 0, rank = 0;

@@ -20,6 +20,7 @@ SemiseparableMixer SemiseparableMixer::make(std::int64_t max_len, std::int64_t c
   m.max_len = max_len;
   m.channels = channels;
   m.rank = rank;
+  m.uv_dtype = dtype;
   m.t_diag = Parameter(Tensor::full({max_len}, 1.0, dtype), "mixer.t_diag");
   m.t_lower = Parameter::randn({max_len - 1}, rng, 0.1, dtype, "mixer.t_lower");
   m.u = Parameter::randn({max_len, rank}, rng, 1.0 / std::sqrt(static_cast<double>(rank)), dtype, "mixer.u");
@@ -41,7 +42,12 @@ Var SemiseparableMixer::operator()(const Var& x) const {
   Var h = matmul(x, w_in);
   Var d = slice(leaf(t_diag), 0, 0, N), lo = slice(leaf(t_lower), 0, 0, N - 1);
   Var uu = slice(leaf(u), 0, 0, N), vv = slice(leaf(v), 0, 0, N);
-  if (uv_dtype != uu.dtype()) { uu = cast(uu, uv_dtype); vv = cast(vv, uv_dtype); }
+  // bf16 / f16 only: f32 or f64 means the parameters' own dtype (an f64 mixer with the default f32 gave
+  // x f64 against u, v f32, which the product rejects)
+  if ((uv_dtype == DType::bf16 || uv_dtype == DType::f16) && uv_dtype != uu.dtype()) {
+    uu = cast(uu, uv_dtype);
+    vv = cast(vv, uv_dtype);
+  }
   Var up = full(h, {N - 1}, 0.0, h.dtype());  // unused by the causal product
   Var m = semiseparable_matvec(h, d, up, lo, uu, vv, /*causal=*/true);
   return matmul(m, w_out);
