@@ -1,12 +1,14 @@
 // The training toolkit end to end: an MLP regressor (modules), AdamW with a
 // warmup + cosine schedule, gradient clipping, a progress line, and a
-// checkpoint every 50 steps that a later run resumes from bit for bit.
+// checkpoint every 50 steps (and at the last) that a later run resumes from
+// bit for bit.
 // The part between the snippet markers is the loop shown in
 // docs/training.md (scripts/check-snippets.sh, run by ctest, compares them).
 //
 //   ./toolkit [--steps N] [--checkpoint PATH] [--resume]
 #include <ad/ad.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -29,8 +31,14 @@ int main(int argc, char** argv) {
   std::string ckpt = "toolkit.safetensors";
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) ckpt = argv[++i];
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
+      char* end = nullptr;
+      steps = std::strtoll(argv[++i], &end, 10);
+      if (*end || steps < 1) {
+        std::fprintf(stderr, "%s: --steps takes a whole number >= 1, got '%s'\n", argv[0], argv[i]);
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) ckpt = argv[++i];
     else if (!std::strcmp(argv[i], "--resume")) resume = true;
     else { std::fprintf(stderr, "usage: %s [--steps N] [--checkpoint PATH] [--resume]\n", argv[0]); return 2; }
   }
@@ -41,7 +49,7 @@ int main(int argc, char** argv) {
     mo.activation = ad::nn::Activation::gelu;
     ad::nn::MLP model({2, 64, 64, 1}, rng, mo);  // parameters "layers.0.weight", ...
     ad::nn::AdamW opt(model.named_parameters());
-    opt.set_schedule(ad::nn::LrSchedule::warmup_cosine(1e-2, 20, steps));
+    opt.set_schedule(ad::nn::LrSchedule::warmup_cosine(1e-2, std::min<std::int64_t>(20, steps), steps));
 
     ad::Rng data(2);  // the batches' random stream
     std::int64_t step = 0;
@@ -65,7 +73,7 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       loss_value = loss.value().item();
       progress.update(++step, loss_value, r);
-      if (step % 50 == 0)
+      if (step % 50 == 0 || step == steps)  // and at the end, so a finished run resumes to "nothing to do"
         ad::nn::save_checkpoint(ckpt, model, opt,
                                 {{"step", std::to_string(step)}, {"data_offset", std::to_string(data.offset())}});
     }

@@ -32,6 +32,7 @@
 #include <ad/ad.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,14 +100,27 @@ ad::Tensor columns(const ad::Tensor& t, std::int64_t c0, std::int64_t c1) {
   return out;
 }
 
+// A whole number for option `name` (the whole of `v`), else ad::Error.
+std::int64_t whole(const std::string& name, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end || errno) throw ad::Error(fmt::format("{} takes a whole number, got '{}'", name, v));
+  return n;
+}
+
 ad::Policy make_policy(const Options& o) {
   const std::string& p = o.policy;
   if (p == "keep_all") return ad::policy::keep_all();
   if (p == "manual") return ad::policy::manual();
   if (p == "sqrt_n") return ad::policy::sqrt_n();
   if (p == "selective") return ad::policy::selective(ad::save_matmuls);
-  if (p.rfind("uniform:", 0) == 0) return ad::policy::uniform(std::atoll(p.c_str() + 8));
-  if (p.rfind("optimal:", 0) == 0) return ad::policy::optimal_chain(std::atoi(p.c_str() + 8));
+  if (p.rfind("uniform:", 0) == 0) return ad::policy::uniform(whole("--policy uniform:K", p.substr(8)));
+  if (p.rfind("optimal:", 0) == 0) {
+    const std::int64_t slots = whole("--policy optimal:S", p.substr(8));
+    if (slots > INT32_MAX) throw ad::Error(fmt::format("--policy optimal:S: {} slots is too many", slots));
+    return ad::policy::optimal_chain(static_cast<std::int32_t>(slots));
+  }
   if (p == "budget") {
     if (o.budget_mib <= 0) throw ad::Error("--policy budget needs --budget <MiB>");
     return ad::policy::budget(o.budget_mib << 20);
@@ -163,32 +177,42 @@ int usage(const char* argv0) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) return usage(argv[0]);
-    std::string v = argv[++i];
-    if (a == "--policy") o.policy = v;
-    else if (a == "--budget") o.budget_mib = std::atoll(v.c_str());
-    else if (a == "--steps") o.steps = std::atoll(v.c_str());
-    else if (a == "--batch") o.batch = std::atoll(v.c_str());
-    else if (a == "--digits") o.digits = std::atoll(v.c_str());
-    else if (a == "--task") o.task = v;
-    else if (a == "--dim") o.model.dim = std::atoll(v.c_str());
-    else if (a == "--heads") o.model.block.heads = std::atoll(v.c_str());
-    else if (a == "--kv-heads") o.model.block.kv_heads = std::atoll(v.c_str());
-    else if (a == "--layers") o.model.layers = std::atoll(v.c_str());
-    else if (a == "--lr") o.lr = std::atof(v.c_str());
-    else if (a == "--mixer") o.mixer = v;
-    else if (a == "--eval") o.eval_n = std::atoll(v.c_str());
-    else if (a == "--save") o.save = v;
-    else if (a == "--save-every") o.save_every = std::atoll(v.c_str());
-    else if (a == "--resume") o.resume = v;
-    else if (a == "--stop-at") o.stop_at = std::atoll(v.c_str());
-    else if (a == "--trace") o.trace = v;
-    else if (a == "--dot") o.dot = v;
-    else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else if (a == "--log-every") o.log_every = std::max<std::int64_t>(1, std::atoll(v.c_str()));
-    else return usage(argv[0]);
+  bool heads_given = false, budget_given = false;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (i + 1 >= argc) return usage(argv[0]);
+      std::string v = argv[++i];
+      if (a == "--policy") o.policy = v;
+      else if (a == "--budget") o.budget_mib = whole(a, v), budget_given = true;
+      else if (a == "--steps") o.steps = whole(a, v);
+      else if (a == "--batch") o.batch = whole(a, v);
+      else if (a == "--digits") o.digits = whole(a, v);
+      else if (a == "--task") o.task = v;
+      else if (a == "--dim") o.model.dim = whole(a, v);
+      else if (a == "--heads") o.model.block.heads = whole(a, v), heads_given = true;
+      else if (a == "--kv-heads") o.model.block.kv_heads = whole(a, v), heads_given = true;
+      else if (a == "--layers") o.model.layers = whole(a, v);
+      else if (a == "--lr") o.lr = std::atof(v.c_str());
+      else if (a == "--mixer") o.mixer = v;
+      else if (a == "--eval") o.eval_n = whole(a, v);
+      else if (a == "--save") o.save = v;
+      else if (a == "--save-every") o.save_every = whole(a, v);
+      else if (a == "--resume") o.resume = v;
+      else if (a == "--stop-at") o.stop_at = whole(a, v);
+      else if (a == "--trace") o.trace = v;
+      else if (a == "--dot") o.dot = v;
+      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(whole(a, v));
+      else if (a == "--log-every") o.log_every = std::max<std::int64_t>(1, whole(a, v));
+      else return usage(argv[0]);
+    }
+    // options another one makes meaningless are errors, not silently ignored
+    if (budget_given && o.policy != "budget") throw ad::Error("--budget applies to --policy budget only");
+    if (heads_given && o.mixer == "semiseparable")
+      throw ad::Error("--heads and --kv-heads apply to --mixer attention (the semiseparable mixer has no heads)");
+  } catch (const ad::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   }
   if (o.task != "reverse" && o.task != "sort") return usage(argv[0]);
   if (o.digits < 1 || o.batch < 1 || o.steps < 0) return usage(argv[0]);
@@ -207,10 +231,13 @@ int main(int argc, char** argv) {
     ad::nn::DecoderLM model(o.model, init_rng);
     const ad::Policy policy = make_policy(o);
     const std::vector<ad::Parameter> params = model.parameters();
-    fmt::print("ad {} — decoder-only LM, task {} of {} digits: {} layers, dim {}, {} heads ({} kv), {} params, "
-               "mixer {}, batch {}, policy {}\n",
-               ad::kVersionString, o.task, L, o.model.layers, o.model.dim, o.model.block.heads,
-               o.model.block.kv_heads, model.num_parameters(), o.mixer, o.batch, policy.name());
+    const std::string heads = o.mixer == "attention" ? fmt::format(", {} heads ({} kv)", o.model.block.heads,
+                                                                    o.model.block.kv_heads)
+                                                     : std::string();
+    fmt::print("ad {} — decoder-only LM, task {} of {} digits: {} layers, dim {}{}, {} params, mixer {}, batch {}, "
+               "policy {}\n",
+               ad::kVersionString, o.task, L, o.model.layers, o.model.dim, heads, model.num_parameters(), o.mixer,
+               o.batch, policy.name());
 
     // the loss reads the logits at the positions that predict y1 .. yL
     std::vector<std::int64_t> rows;
@@ -233,8 +260,13 @@ int main(int argc, char** argv) {
     std::int64_t first = 1;
     if (!o.resume.empty()) {
       ad::Metadata md = ad::nn::load_checkpoint(o.resume, model, opt);
-      // the data stream is the task's and the seed's: resuming another one trains on other data
-      for (const auto& [key, want] : {std::pair<std::string, std::string>{"task", o.task}, {"seed", std::to_string(o.seed)}})
+      // the data stream is the task's, the seed's and the batch's, the learning-rate schedule spans
+      // --steps, and heads of another count fit the same weights: resuming with any of them changed
+      // would not continue the run the checkpoint came from
+      for (const auto& [key, want] :
+           {std::pair<std::string, std::string>{"task", o.task}, {"seed", std::to_string(o.seed)},
+            {"batch", std::to_string(o.batch)}, {"steps", std::to_string(o.steps)},
+            {"heads", std::to_string(o.model.block.heads)}, {"kv-heads", std::to_string(o.model.block.kv_heads)}})
         if (md.count(key) && md.at(key) != want)
           throw ad::Error(fmt::format("--resume {}: the checkpoint was made with --{} {}, this run has --{} {}", o.resume,
                                       key, md.at(key), key, want));
@@ -245,7 +277,9 @@ int main(int argc, char** argv) {
     auto save = [&](std::int64_t step) {
       ad::nn::save_checkpoint(o.save, model, opt,
                               {{"step", std::to_string(step)}, {"data_offset", std::to_string(rng.offset())},
-                               {"task", o.task}, {"seed", std::to_string(o.seed)}});
+                               {"task", o.task}, {"seed", std::to_string(o.seed)}, {"batch", std::to_string(o.batch)},
+                               {"steps", std::to_string(o.steps)}, {"heads", std::to_string(o.model.block.heads)},
+                               {"kv-heads", std::to_string(o.model.block.kv_heads)}});
     };
 
     bool peaks_agree = true;  // predicted == measured on every step (CPU sizes are exact)
@@ -253,6 +287,8 @@ int main(int argc, char** argv) {
     std::int64_t n_acc = 0;
     const auto t_start = std::chrono::steady_clock::now();
     const std::int64_t last = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;  // --stop-at: an interruption
+    if (first > last)  // a checkpoint of a finished run (or one past --stop-at): no step to take, nothing saved
+      fmt::print("nothing to do: {} is at step {}, this run ends at step {}\n", o.resume, first - 1, last);
     for (std::int64_t step = first; step <= last; ++step) {
       ad::Tensor seqs = make_sequences(o, o.batch, false, rng);
       ad::Tensor labels = columns(seqs, L + 2, T).reshape({o.batch * L});
@@ -299,7 +335,7 @@ int main(int argc, char** argv) {
       if (!o.save.empty() && ((o.save_every > 0 && step % o.save_every == 0) || step == last)) save(step);
     }
     const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    fmt::print("trained to step {} in {:.1f} s\n", last, train_s);
+    if (first <= last) fmt::print("trained to step {} in {:.1f} s\n", last, train_s);
     if (o.eval_n > 0) {
       ad::Rng eval_rng(o.seed + 1000003);
       ad::Tensor held = make_sequences(o, o.eval_n, true, eval_rng);

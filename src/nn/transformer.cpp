@@ -15,8 +15,11 @@ namespace ad::nn {
 MultiHeadAttention::MultiHeadAttention(std::int64_t d, std::int64_t h, std::int64_t kvh, Rng& rng, bool c,
                                        LinearOptions linear)
     : dim(d), heads(h), kv_heads(kvh), causal(c) {
-  if (h < 1 || kvh < 1 || d % h != 0 || h % kvh != 0)
-    throw Error(fmt::format("MultiHeadAttention: dim {} must be a multiple of heads {}, and heads of kv_heads {}", d,
+  if (h < 1 || kvh < 1)
+    throw Error(fmt::format("MultiHeadAttention: heads {} and kv_heads {} must be >= 1", h, kvh));
+  if (d % h != 0) throw Error(fmt::format("MultiHeadAttention: dim {} must be a multiple of heads {}", d, h));
+  if (h % kvh != 0)
+    throw Error(fmt::format("MultiHeadAttention: heads {} must be a multiple of kv_heads {} (grouped-query attention)",
                             h, kvh));
   head_dim = d / h;
   q = Linear(d, d, rng, linear);
