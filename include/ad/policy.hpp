@@ -33,7 +33,9 @@ struct Policy {
   // Activation compression (lossy): kept forward values are stored as this
   // dtype (f16 or bf16) between the forward pass and their use in backward,
   // and restored to their own dtype when used. f32 = off. Applies to the
-  // keep-set policies (keep_all, manual, uniform, sqrt_n, selective).
+  // keep-set policies (keep_all, manual, uniform, sqrt_n, selective). The
+  // gradient error depends on the model: a backward that amplifies the
+  // rounding (1 - y^2 of a saturated tanh) can lose small gradients entirely.
   DType compress = DType::f32;
   // Host offload: kept forward values move to host memory between the
   // forward pass and their use in backward (Step offload / prefetch), so the
