@@ -345,3 +345,43 @@ TEST_CASE("nn optim misuse") {
   // a failed load changes nothing
   CHECK(opt.step_count() == 1);
 }
+
+TEST_CASE("nn optim ZeRO-1 steps what the unsharded optimizer steps, and counts it") {
+  // a segment keeps its fresh flag until Zero1::zero_grad: zeroing the parameters' gradients only
+  // (Module::zero_grad) then reaching one parameter stepped the other again with its old gradient
+  Parameter a = param({0.0, 0.0}, DType::f64, "a"), b = param({0.0}, DType::f64, "b");
+  nn::SGDOptions so;
+  so.lr = 0.1;
+  ad::dist::Zero1 z(ad::dist::Communicator::local(), nn::NamedParameters{{"a", a}, {"b", b}},
+                    [so](nn::NamedParameters s) { return std::make_unique<nn::SGD>(std::move(s), so); });
+  auto loss = [&](bool with_b) {
+    ad::Graph g;
+    ad::Var l = ad::sum(g.param(a));
+    if (with_b) l = ad::add(l, ad::sum(g.param(b)));
+    z.backward(l);
+  };
+  auto step_of = [&](const std::string& n) {
+    for (const auto& nt : z.state())
+      if (nt.first == n) return nt.second.data<std::int64_t>()[0];
+    return std::int64_t{0};
+  };
+  loss(true);
+  z.step();
+  a.zero_grad();
+  b.zero_grad();
+  loss(false);
+  z.step();
+  CHECK(b.value().to_vector() == std::vector<double>{-0.1});  // once
+  CHECK(a.value().to_vector() == std::vector<double>{-0.2, -0.2});
+  CHECK(step_of("a.step") == 2);
+  CHECK(step_of("b.step") == 1);
+  z.step();  // again without zero_grad: the same gradient again, as the unsharded optimizer
+  CHECK(a.value().to_vector()[0] == doctest::Approx(-0.3));
+  CHECK(step_of("a.step") == 3);
+  CHECK(step_of("b.step") == 1);
+  // names the optimizer needs are checked on the whole list (every rank alike)
+  Parameter c = param({1.0}, DType::f64, "w"), d = param({1.0}, DType::f64, "w");
+  CHECK_THROWS_WITH_AS(ad::dist::Zero1(ad::dist::Communicator::local(), nn::NamedParameters{{"w", c}, {"w", d}},
+                                       [](nn::NamedParameters s) { return std::make_unique<nn::SGD>(std::move(s)); }),
+                       doctest::Contains("Zero1: parameter name \"w\" is repeated"), ad::Error);
+}

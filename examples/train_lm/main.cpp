@@ -202,7 +202,13 @@ int main(int argc, char** argv) {
       else if (a == "--stop-at") o.stop_at = whole(a, v);
       else if (a == "--trace") o.trace = v;
       else if (a == "--dot") o.dot = v;
-      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(whole(a, v));
+      else if (a == "--seed") {
+        char* end = nullptr;
+        errno = 0;
+        o.seed = std::strtoull(v.c_str(), &end, 10);
+        if (v.empty() || v[0] == '-' || *end || errno)
+          throw ad::Error(fmt::format("--seed takes a whole number >= 0, got '{}'", v));
+      }
       else if (a == "--log-every") o.log_every = std::max<std::int64_t>(1, whole(a, v));
       else return usage(argv[0]);
     }

@@ -20,6 +20,7 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
     for (auto d : s) k.push_back(static_cast<std::uint64_t>(d));
   };
   auto dbl = [&](double d) { std::uint64_t u; std::memcpy(&u, &d, 8); k.push_back(u); };
+  std::vector<const Meta*> metas;
   for (std::int32_t id = 0; id <= hi; ++id) {
     const Node& n = g.node(id);
     k.push_back(static_cast<std::uint64_t>(n.op) | (static_cast<std::uint64_t>(n.value.defined()) << 16) |
@@ -42,6 +43,14 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
                 (static_cast<std::uint64_t>(a.dtype) << 16) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.which)) << 32));
     // not a.seed or a.offset: a random op's stream position changes every
     // step (dropout drawn from an Rng) and changes no size, cost or step
+    // The workspace the op asks for: a planner input that may depend on more
+    // than the node (a kernel setting read when it is sized)
+    const OpDef& def = op_def(n.op);
+    if (def.workspace) {
+      metas.clear();
+      for (auto in : n.inputs) metas.push_back(&g.node(in).meta);
+      k.push_back(static_cast<std::uint64_t>(def.workspace(InferArgs{def, metas, n.attrs}, n.meta)));
+    }
   }
   k.push_back(~0ull);
   for (auto t : targets) k.push_back(static_cast<std::uint64_t>(t));

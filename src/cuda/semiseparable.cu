@@ -1498,7 +1498,9 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
 // look-back whose length grows with them (docs/benchmarks.md, "GPU: where the
 // one-pass causal kernel's time goes"). No deadlock: a chunk publishes its sum
 // before it waits, the scanners wait only for sums of chunks with earlier
-// counters (running or done), and the scanners hold the first counters.
+// counters (running or done), the scanners hold the first counters, and the
+// launcher takes this form only where more than S blocks fit on the device at
+// once (else the look-back kernel: the scanners would fill every slot).
 // kMinBlocks: the blocks per multiprocessor the plan was sized for.
 template <int KB, bool kExact, int kMinBlocks>
 __global__ void __launch_bounds__(256, kMinBlocks)
@@ -1604,6 +1606,11 @@ void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, cons
   check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks * (1 + S) + 1) * sizeof(int)),
              "cudaMemsetAsync (semiseparable_matvec)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  if (scanners) {  // the scanners hold their slots to the end: a chunk needs one more slot beside them
+    auto k4 = per_sm == 3 ? causal_scan4_kernel<KB, kExact, 3> : causal_scan4_kernel<KB, kExact, 2>;
+    allow_smem(k4, smem);
+    if (resident_blocks(k4, smem) <= static_cast<unsigned>(S)) scanners = false;  // a small part: the look-back
+  }
   if (!scanners) {
     auto kernel = causal_scan3_kernel<KB, kExact>;
     allow_smem(kernel, smem);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <string>
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
@@ -60,6 +61,16 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
                               dtype_name(dtype_), name, dtype_name(p.dtype())));
     total_ += p.value().numel();
   }
+  // what the optimizer's constructor would refuse, checked here on the whole list: on every rank
+  // alike (a rank whose range held the offending segment would fail alone, the others wait)
+  std::set<std::string> names;
+  for (const auto& np : params_) {
+    if (np.first.empty()) throw Error("Zero1: a parameter has an empty name");
+    if (!names.insert(np.first).second)
+      throw Error(fmt::format("Zero1: parameter name \"{}\" is repeated (two different parameters)", np.first));
+  }
+  if (dtype_ != DType::f32 && dtype_ != DType::f64)
+    throw Error(fmt::format("Zero1: parameters have dtype {}, not f32/f64", dtype_name(dtype_)));
   for (auto& np : params_) comm_.broadcast(np.second.value(), 0);
   const std::int64_t w = comm_.size();
   shard_ = (total_ + w - 1) / w;
@@ -109,7 +120,10 @@ void Zero1::reduce_gradients() {
   for (std::size_t i = 0; i < params_.size(); ++i) reached_[i] = got[i] > 0;
   for (Segment& sg : segs_) {
     ParamState& s = *sg.p.state();
-    if (!reached_[sg.param]) continue;  // not stepped, as an unsharded optimizer skips it
+    if (!reached_[sg.param]) {  // not stepped, as an unsharded optimizer skips it (a gradient from a
+      s.grad_fresh = false;     // step before, not zeroed since, would otherwise be applied again)
+      continue;
+    }
     if (!s.grad.defined()) s.grad = Tensor::empty({sg.hi - sg.lo}, dtype_, device_);
     s.grad.copy_from(mine.view(sg.at, Shape{sg.hi - sg.lo}));
     s.grad_zero = false;  // overwritten
@@ -138,8 +152,9 @@ void Zero1::step() {
   for (Segment& sg : segs_)
     sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
   opt_->step();
+  // what the optimizer stepped: the segments with a fresh gradient, those of the reached parameters
+  // (cleared by zero_grad, as the gradients: a second step() before it steps them again, as unsharded)
   for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
-  std::fill(reached_.begin(), reached_.end(), 0);
   gather_parameters();
 }
 

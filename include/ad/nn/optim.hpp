@@ -98,7 +98,8 @@ class Optimizer {
   // The hyperparameters other than the learning rate, as "key=value" pairs
   // (e.g. "beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0"): save_optimizer
   // and save_checkpoint record them with name() in the file's metadata.
-  virtual std::string hyperparameters() const = 0;
+  // An optimizer defined outside the library may leave it empty.
+  virtual std::string hyperparameters() const { return {}; }
 
   // The state (see above). The tensors share storage with the optimizer:
   // save them before the next step(), or clone them.
