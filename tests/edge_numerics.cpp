@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <tuple>
 #include <vector>
 
 #include "ad/ad.hpp"
@@ -17,9 +16,15 @@ using namespace ad::test;
 
 TEST_CASE("edge: matmul of a batched a and a 2-D b with K or N = 0 differentiates to empty or zero gradients") {
   // the backward folded the batch with reshape(., {-1, 0}): -1 next to a 0 is ambiguous, and it threw
-  for (auto [sa, sb, tb] : {std::tuple<Shape, Shape, bool>{{2, 3, 4}, {4, 0}, false}, {{2, 3, 4}, {0, 4}, true},
-                            {{2, 3, 0}, {0, 5}, false}, {{2, 3, 0}, {5, 0}, true}}) {
-    INFO(sa.str(), " x ", sb.str(), tb ? "^T" : "");
+  struct Case {
+    Shape sa, sb;
+    bool tb;
+  };
+  for (const Case& c : {Case{{2, 3, 4}, {4, 0}, false}, Case{{2, 3, 4}, {0, 4}, true}, Case{{2, 3, 0}, {0, 5}, false},
+                        Case{{2, 3, 0}, {5, 0}, true}}) {
+    const Shape &sa = c.sa, &sb = c.sb;
+    const bool tb = c.tb;
+    INFO(sa.str(), " x ", sb.str(), tb ? "^T" : "");  // references, not structured bindings (clang 14 lambdas)
     Graph g;
     Var a = g.input(Tensor::ones(sa, DType::f64)), b = g.input(Tensor::ones(sb, DType::f64));
     std::vector<Var> gr = grad(sum(matmul(a, b, false, tb)), {a, b});
