@@ -4,10 +4,12 @@
 // with hand-made schedules.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cmath>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ad/ad.hpp"
@@ -510,4 +512,36 @@ TEST_CASE("executor: elementwise ops write over inputs that die there, with the 
   CHECK(ad::bitwise_equal(w_on, w_off));
   CHECK(ad::bitwise_equal(b_on, b_off));
   MESSAGE("keep_all peak ", peak_off, " B without reuse, ", peak_on, " B with (", n_on, " compute steps reuse a buffer)");
+}
+
+TEST_CASE("executor: backward calls on two threads that reach one Parameter both accumulate (they take turns)") {
+  // each backward holds its graph's parameters from planning to the end of its run; without that, one
+  // thread's gradient was lost in about a third of such rounds
+  ad::Rng rng(1);
+  ad::Tensor x = ad::Tensor::randn({1, 64}, rng, ad::DType::f64);
+  double want = 0;
+  for (double v : x.to_vector()) want += v;
+  want *= 64;  // d sum(x W) / dW summed over W's elements, per backward
+  ad::Parameter w = ad::Parameter::zeros({64, 64}, ad::DType::f64), other = ad::Parameter::zeros({64, 64}, ad::DType::f64);
+  const int rounds = 200;
+  std::atomic<int> go{0};
+  auto run = [&](bool with_other) {
+    ++go;
+    while (go < 2) std::this_thread::yield();
+    for (int r = 0; r < rounds; ++r) {
+      ad::Graph g;
+      ad::Var y = ad::matmul(g.input(x), w);
+      if (with_other) y = ad::add(y, ad::matmul(g.input(x), other));  // two shared parameters, any order
+      ad::backward(ad::sum(y));
+    }
+  };
+  std::thread a(run, false), b(run, true);
+  a.join();
+  b.join();
+  double s = 0;
+  for (double v : w.grad().to_vector()) s += v;
+  CHECK(s == doctest::Approx(2 * rounds * want).epsilon(1e-9));
+  double so = 0;
+  for (double v : other.grad().to_vector()) so += v;
+  CHECK(so == doctest::Approx(rounds * want).epsilon(1e-9));
 }

@@ -27,6 +27,11 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 //   with retain_graph=true); values freed by the first call are recomputed.
 // After the call loss.value() is available; other values may have been freed
 // and are recomputed on demand.
+// Threads: graphs are one thread's each; backward calls on several threads
+// may share Parameters (and a Policy): each holds its graph's parameters
+// from planning to the end of its run, so calls that reach one Parameter take
+// turns and every gradient is added. Stepping an optimizer while another
+// thread's backward writes the same gradients is the caller's to order.
 Report backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
 
 // The plan backward() would run (gradient nodes are built, nothing is

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "ad/autodiff.hpp"
 #include "core/graph_impl.hpp"
@@ -125,6 +126,16 @@ Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
 }
 
 Report backward(const Var& loss, const Policy& policy, const Var& seed) {
+  // The graph's parameters, locked in address order (no deadlock between
+  // graphs that share several): a Parameter reached by backward calls on two
+  // threads at once had one thread's gradient silently lost.
+  std::vector<ParamState*> params;
+  if (loss.defined())
+    for (const auto& pn : loss.graph()->param_nodes) params.push_back(const_cast<ParamState*>(pn.first));
+  std::sort(params.begin(), params.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(params.size());
+  for (ParamState* ps : params) locks.emplace_back(ps->backward_mutex);
   auto t0 = std::chrono::steady_clock::now();
   auto p = std::make_shared<Plan>(plan_backward(loss, policy, seed));
   auto t1 = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -57,6 +58,10 @@ struct ParamState : std::enable_shared_from_this<ParamState> {
   // Optimizers step only such parameters.
   bool grad_fresh = false;
   std::string name;
+  // Held by a backward that may write grad, from planning (which reads
+  // grad_zero) to the end of its run: backward calls from several threads
+  // that reach one Parameter take turns instead of losing a gradient.
+  std::mutex backward_mutex;
 
   Tensor& grad_now() {
     if (grad_zero) {

@@ -4,9 +4,11 @@
 // picks one when the program loads. Everything the function calls inline is
 // compiled into each clone; a call that is not inlined runs the baseline
 // code (slower, still correct). Off for clang (the sanitizer builds), nvcc,
-// sanitizers and with AD_NO_TARGET_CLONES; the default build has no -march.
+// sanitizers (an instrumented resolver runs before ThreadSanitizer starts:
+// a crash at load) and with AD_NO_TARGET_CLONES; the default build has no
+// -march.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(AD_NO_TARGET_CLONES)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && !defined(AD_NO_TARGET_CLONES)
 #define AD_TARGET_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
 #else
 #define AD_TARGET_CLONES(...)
