@@ -119,6 +119,35 @@ TEST_CASE("nn Linear forward matches loops") {
   for (double v : vals(lin.bias.grad())) CHECK(v == 10.0);
 }
 
+TEST_CASE("nn Linear and MLP take a single vector [in]") {
+  ad::Rng rng(12);
+  nn::LinearOptions o;
+  o.dtype = DType::f64;
+  nn::Linear lin(4, 3, rng, o);
+  Tensor x = Tensor::randn({4}, rng, DType::f64);
+  ad::Graph g;
+  ad::Var y = lin(g.input(x));
+  REQUIRE(y.shape() == ad::Shape{3});
+  auto xv = vals(x), w = vals(lin.weight.value()), b = vals(lin.bias.value());
+  std::vector<double> want(3);
+  for (int j = 0; j < 3; ++j) {
+    double s = b[static_cast<std::size_t>(j)];
+    for (int k = 0; k < 4; ++k) s += xv[static_cast<std::size_t>(k)] * w[static_cast<std::size_t>(j * 4 + k)];
+    want[static_cast<std::size_t>(j)] = s;
+  }
+  check_close(vals(y.value()), want, 1e-13);
+  ad::backward(ad::sum(y));
+  auto gw = vals(lin.weight.grad());
+  for (int j = 0; j < 3; ++j)
+    for (int k = 0; k < 4; ++k) CHECK(gw[static_cast<std::size_t>(j * 4 + k)] == doctest::Approx(xv[static_cast<std::size_t>(k)]).epsilon(1e-12));
+
+  nn::MLP mlp({4, 7, 2}, rng);
+  ad::Graph g2;
+  CHECK(mlp(g2.input(Tensor::randn({4}, rng))).shape() == ad::Shape{2});
+  ad::Graph g3;  // the last dim is still checked
+  CHECK_THROWS_WITH_AS(lin(g3.input(Tensor::randn({5}, rng, DType::f64))), doctest::Contains("matmul"), ad::Error);
+}
+
 TEST_CASE("nn Linear without bias, stddev init, seeded") {
   ad::Rng a(5), b(5);
   nn::LinearOptions o;

@@ -58,7 +58,10 @@ Linear::Linear(std::int64_t in, std::int64_t out, Rng& rng, LinearOptions o) : i
 }
 Var Linear::operator()(const Var& x) const {
   if (!weight.defined()) throw Error("Linear: use of a default-constructed layer");
-  Var y = matmul(x, weight, false, true);
+  // a single vector [in] is a batch of one row for matmul (rank >= 2), and back
+  const bool vec = x.defined() && x.rank() == 1;
+  Var y = matmul(vec ? reshape(x, Shape{1, x.shape()[0]}) : x, weight, false, true);
+  if (vec) y = reshape(y, Shape{out_features});
   return bias.defined() ? add(y, bias) : y;
 }
 void Linear::visit(Visitor& v) const {

@@ -28,8 +28,8 @@ struct LinearOptions {
 
 // y = x W^T + b. Parameters "weight" [out, in] (PyTorch's layout, so
 // safetensors files interchange) and "bias" [out].
-// x [..., in] -> [..., out]; throws ad::Error (from matmul) if x's last dim
-// is not `in`.
+// x [..., in] -> [..., out], a single vector [in] included; throws ad::Error
+// (from matmul) if x's last dim is not `in`.
 class Linear : public Module {
  public:
   Linear() = default;
