@@ -141,7 +141,9 @@ TEST_CASE("semiseparable_matvec matches a dense H, forward and all gradients") {
   const C cases[] = {{2, 1, 3, 2, 0}, {1, 2, 2, 1, 0}, {3, 7, 4, 3, 0}, {2, 64, 5, 4, 0}, {2, 64, 5, 4, 5},
                      {1, 300, 3, 6, 0}, {2, 300, 6, 5, 37}, {1, 40, 3, 0, 0},
                      // D >= 8 and r > 8: the register-blocked sweeps (8 doubles per block, 8 rows of M per block)
-                     {2, 200, 19, 11, 23}, {1, 70, 16, 8, 0}};
+                     {2, 200, 19, 11, 23}, {1, 70, 16, 8, 0},
+                     // an empty batch: every gradient of the band and of U, V is 0 (none left unwritten)
+                     {0, 5, 3, 2, 0}, {0, 64, 5, 4, 7}};
   for (const C& c : cases)
     for (bool causal : {false, true}) {
       INFO("B " << c.B << " N " << c.N << " D " << c.D << " r " << c.r << " chunk " << c.chunk << " causal " << causal);

@@ -976,9 +976,10 @@ AD_ALWAYS_INLINE void matvec_backward_task(const BackwardTask<T>& tk, i64 c, con
   if (g.dup && i0 < band_end) std::fill(g.dup + i0, g.dup + band_end, T(0));
   if (g.dlo && i0 < band_end) std::fill(g.dlo + i0, g.dlo + band_end, T(0));
   const bool rank = r > 0 && D > 0;
-  // du, dv rows start from zero in the sweeps below; without them, zeroed here
-  if (g.du && !rank) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
-  if (g.dv && !rank) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
+  // du, dv rows start from zero in the sweeps below (one per batch); without
+  // them (no rank, or an empty batch), zeroed here
+  if (g.du && (!rank || B == 0)) std::fill(g.du + i0 * r, g.du + i1 * r, T(0));
+  if (g.dv && (!rank || B == 0)) std::fill(g.dv + i0 * r, g.dv + i1 * r, T(0));
   const RowPtr<T> urow{Uc, 0, r}, vrow{Vc, 0, r};
   std::vector<T> M(static_cast<std::size_t>(std::max(rD, 8 * D))), Mt(static_cast<std::size_t>(rD));
   auto transpose_into = [&](const T* W) {  // Mt (D x r) = W^T
