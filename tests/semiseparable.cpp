@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <complex>
 #include <cstring>
@@ -756,6 +757,88 @@ TEST_CASE("tridiag_resolvent_diag and its complex form are exact under power-of-
       INFO((complex ? "complex" : "real") << " scale 2^" << k);
       CHECK(run(k, complex) == ref);
     }
+  }
+}
+TEST_CASE("tridiag_resolvent_diag gradients are exact under power-of-two scaling and similarity") {
+  // G(c T, c z) = G(T, z) / c and G depends on up_i lo_i only, so with c = 2^k and up, lo scaled
+  // by c 2^j and c 2^-j: dd = 2^-2k dd0, dup = 2^(-2k-j) dup0, dlo = 2^(-2k+j) dlo0, dz = 2^-2k dz0,
+  // bit for bit while they are normal doubles. Forming up lo, r^2 or G^2 at T's scale gave NaN
+  // here (entries past ~1e154) where these are finite.
+  Rng rng(92);
+  const i64 N = 500;
+  Tensor d = randn64({N}, rng, 0.0, 2.0), up = randn64({N - 1}, rng), lo = randn64({N - 1}, rng);
+  Tensor w = randn64({N}, rng);
+  auto scaled = [](const Tensor& t, int k) {
+    Tensor o = t.clone();
+    for (i64 i = 0; i < o.numel(); ++i) o.data<double>()[i] = std::ldexp(o.data<double>()[i], k);
+    return o;
+  };
+  auto grads = [&](int k, int j, bool complex) {
+    Graph g;
+    Tensor z = complex ? f64s({0.3, 0.2}, {2}) : f64s({0.3}, {1}).reshape({});
+    std::vector<Var> in{g.input(scaled(d, k)), g.input(scaled(up, k + j)), g.input(scaled(lo, k - j)),
+                        g.input(scaled(z, k))};
+    Var G = complex ? tridiag_resolvent_diag_complex(in[0], in[1], in[2], in[3])
+                    : tridiag_resolvent_diag(in[0], in[1], in[2], in[3]);
+    Tensor wg = complex ? Tensor::zeros({N, 2}, DType::f64) : w;
+    if (complex)
+      for (i64 i = 0; i < N; ++i) {
+        wg.data<double>()[2 * i] = w.data<double>()[i];
+        wg.data<double>()[2 * i + 1] = 0.5 * w.data<double>()[(i + 7) % N];
+      }
+    std::vector<std::vector<double>> out;
+    for (const Var& v : grad(sum(mul(G, g.input(wg))), in)) out.push_back(eval(v).to_vector());
+    return out;
+  };
+  for (bool complex : {false, true}) {
+    const auto ref = grads(0, 0, complex);
+    for (const auto& v : ref) CHECK(std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x) && x != 0; }));
+    struct S { int k, j; };
+    for (S sc : {S{300, 0}, S{-300, 0}, S{500, 0}, S{530, 170}, S{-400, -100}}) {
+      const std::string what = std::string(complex ? "complex" : "real") + " scale 2^" + std::to_string(sc.k) +
+                               ", up 2^" + std::to_string(sc.j) + ", lo 2^" + std::to_string(-sc.j);
+      INFO(what);
+      const auto got = grads(sc.k, sc.j, complex);
+      const int shift[4] = {2 * sc.k, 2 * sc.k + sc.j, 2 * sc.k - sc.j, 2 * sc.k};
+      for (std::size_t i = 0; i < 4; ++i) {
+        INFO("gradient " << i);
+        std::size_t compared = 0, equal = 0;
+        for (std::size_t e = 0; e < ref[i].size(); ++e) {
+          const double want = std::ldexp(ref[i][e], -shift[i]);
+          if (std::fabs(want) < DBL_MIN) continue;  // subnormal or 0: fewer bits, no exact claim
+          ++compared;
+          equal += got[i][e] == want;
+        }
+        CHECK(equal == compared);
+        // at 2^530 with up 2^700, lo 2^360: dup (2^-1230 times dup0) underflows, dd and dz are
+        // subnormal; dlo (2^-890 times dlo0) is normal and exact
+        if (!(sc.k == 530 && i != 2)) CHECK(compared == ref[i].size());
+      }
+    }
+  }
+}
+TEST_CASE("tridiag_resolvent_diag of a split T (a zero coupling) at an eigenvalue of one block") {
+  // T = diag(3, 1, 5) at z = 1: row 1 is infinite, rows 0 and 2 are 1/2 and 1/4 (0/0 in the
+  // ratio after the zero minor made every later row NaN)
+  auto f = [](std::vector<double> v) { return f64s(v, {static_cast<i64>(v.size())}); };
+  Graph g;
+  Var d = g.input(f({3, 1, 5})), zero = g.input(f({0, 0}));
+  CHECK(eval(tridiag_resolvent_diag(d, zero, zero, g.input(f64s({1.0}, {1}).reshape({})))).to_vector() ==
+        std::vector<double>{0.5, INFINITY, 0.25});
+  CHECK(eval(tridiag_resolvent_diag_complex(d, zero, zero, g.input(f({1.0, 0.0})))).to_vector() ==
+        std::vector<double>{0.5, 0.0, INFINITY, 0.0, 0.25, 0.0});
+  // blocks [[1, 2], [2, 1]] (eigenvalues 3, -1) and [[4, 1], [1, 6]], coupled by up = 0 only
+  // (lo nonzero), at z = 3: the second block's rows are those of its own resolvent
+  Var d2 = g.input(f({1, 1, 4, 6})), up2 = g.input(f({2, 0, 1})), lo2 = g.input(f({2, 0.7, 1}));
+  for (bool complex : {false, true}) {
+    INFO((complex ? "complex" : "real"));
+    auto v = complex ? eval(tridiag_resolvent_diag_complex(d2, up2, lo2, g.input(f({3.0, 0.0})))).to_vector()
+                     : eval(tridiag_resolvent_diag(d2, up2, lo2, g.input(f64s({3.0}, {1}).reshape({})))).to_vector();
+    const std::size_t st = complex ? 2 : 1;
+    // (B - 3I)^-1 for B = [[4, 1], [1, 6]]: [[1, 1], [1, 3]]^-1 = [[3, -1], [-1, 1]] / 2
+    CHECK(v[2 * st] == doctest::Approx(1.5).epsilon(1e-15));
+    CHECK(v[3 * st] == doctest::Approx(0.5).epsilon(1e-15));
+    for (double x : v) CHECK(!std::isnan(x));
   }
 }
 TEST_CASE("tridiag_resolvent_diag_complex with Im z -> 0 is the real op") {

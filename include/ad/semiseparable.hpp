@@ -57,9 +57,12 @@ Var tridiag_solve(const Operand& t_diag, const Operand& t_upper, const Operand& 
 // O(1) recurrence; G_ii = 1 / (r_i + s_i - a_i)): neither overflows nor
 // underflows at any N (10^6 tested). Computed in double. Real shifts: z is ()
 // giving (N), or (K) giving (K, N). Differentiable in t_diag, t_upper,
-// t_lower and z (reverse mode through the recurrences, O(N) per shift; the
-// gradient is finite while no leading or trailing principal minor of
-// T - zI vanishes).
+// t_lower and z (reverse mode through the recurrences, O(N) per shift, run
+// on T / 2^m and scaled back, so scaling T and z by 2^k scales the gradients
+// by 2^-2k exactly; the gradient is finite while no leading or trailing
+// principal minor of T - zI vanishes and it is itself within double's range).
+// A zero coupling (t_upper or t_lower exactly 0) splits T into blocks: z at an
+// eigenvalue of one block makes its rows infinite, the other rows stay right.
 Var tridiag_resolvent_diag(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& z);
 
 // tridiag_resolvent_diag for complex shifts. The engine has no complex dtype:

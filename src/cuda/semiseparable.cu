@@ -1861,23 +1861,22 @@ template <class T> __global__ void resolvent_kernel(i64 N, i64 K, const T* d, co
       out[k * N + i] = static_cast<T>(semisep::resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - zk));
   }
 }
-// Per shift: ab (w + 4kN + 2N) and eb (+ 3N) as on the CPU; dz[k].
+// Per shift: ab (w + 5kN + 2N), gu (+ 3N) and gl (+ 4N) as on the CPU; dz[k].
 template <class T> __global__ void resolvent_backward_kernel(i64 N, i64 K, const T* d, const T* up, const T* lo,
                                                              const T* z, const T* dg, T* dz, double* w) {
   for (i64 k = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; k < K;
        k += static_cast<i64>(gridDim.x) * blockDim.x) {
-    double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
+    double *r = w + 5 * k * N, *s = r + N, *ab = s + N, *gu = ab + N, *gl = gu + N;
     const double zk = static_cast<double>(z[k]);
     semisep::resolvent_ratios(N, d, up, lo, zk, r, s);
-    dz[k] = static_cast<T>(semisep::resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, eb));
+    dz[k] = static_cast<T>(semisep::resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, gu, gl));
   }
 }
 // Sums over shifts in order, one thread per row.
-template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const T* up, const T* lo, const double* w, T* dd,
-                                                        T* dup, T* dlo) {
+template <class T> __global__ void resolvent_sum_kernel(i64 N, i64 K, const double* w, T* dd, T* dup, T* dlo) {
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
        i += static_cast<i64>(gridDim.x) * blockDim.x)
-    semisep::resolvent_band_sums_row(i, N, K, w, up, lo, dd, dup, dlo);
+    semisep::resolvent_band_sums_row(i, N, K, w, dd, dup, dlo);
 }
 
 // ---- complex resolvent: one thread per shift, the CPU's recurrences (semiseparable_math.hpp) ----
@@ -1904,17 +1903,17 @@ template <class T> __global__ void resolvent_complex_backward_kernel(i64 N, i64 
     const semisep::Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
     semisep::resolvent_ratios_complex(N, d, up, lo, zk, r, s);
     const semisep::Cplx sz =
-        semisep::resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + k * N);
+        semisep::resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + 2 * k * N,
+                                                  ew + 2 * k * N + N);
     dz[2 * k] = static_cast<T>(-sz.re);
     dz[2 * k + 1] = static_cast<T>(sz.im);
   }
 }
-template <class T> __global__ void resolvent_complex_sum_kernel(i64 N, i64 K, const T* up, const T* lo,
-                                                                const semisep::Cplx* cw, const double* ew, T* dd,
-                                                                T* dup, T* dlo) {
+template <class T> __global__ void resolvent_complex_sum_kernel(i64 N, i64 K, const semisep::Cplx* cw,
+                                                                const double* ew, T* dd, T* dup, T* dlo) {
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < N;
        i += static_cast<i64>(gridDim.x) * blockDim.x)
-    semisep::resolvent_complex_band_sums_row(i, N, K, cw, ew, up, lo, dd, dup, dlo);
+    semisep::resolvent_complex_band_sums_row(i, N, K, cw, ew, dd, dup, dlo);
 }
 
 // ---- semiseparable_solve (Woodbury) ----
@@ -2140,9 +2139,8 @@ void resolvent_diag_backward(DType t, std::int64_t N, std::int64_t K, const void
           static_cast<const T*>(z), static_cast<const T*>(dg), static_cast<T*>(dz), ws);
       check_launch("tridiag_resolvent_diag_backward");
     }
-    resolvent_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, static_cast<const T*>(up),
-                                                              static_cast<const T*>(lo), ws, static_cast<T*>(dd),
-                                                              static_cast<T*>(dup), static_cast<T*>(dlo));
+    resolvent_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, ws, static_cast<T*>(dd), static_cast<T*>(dup),
+                                                              static_cast<T*>(dlo));
     check_launch("tridiag_resolvent_diag_backward (sums over shifts)");
   });
 }
@@ -2172,10 +2170,8 @@ void resolvent_diag_complex_backward(DType t, std::int64_t N, std::int64_t K, co
           static_cast<const T*>(z), static_cast<const T*>(dg), static_cast<T*>(dz), c, ew);
       check_launch("tridiag_resolvent_diag_complex_backward");
     }
-    resolvent_complex_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, static_cast<const T*>(up),
-                                                                      static_cast<const T*>(lo), c, ew,
-                                                                      static_cast<T*>(dd), static_cast<T*>(dup),
-                                                                      static_cast<T*>(dlo));
+    resolvent_complex_sum_kernel<<<grid_for(N, kThreads), kThreads>>>(N, K, c, ew, static_cast<T*>(dd),
+                                                                      static_cast<T*>(dup), static_cast<T*>(dlo));
     check_launch("tridiag_resolvent_diag_complex_backward (sums over shifts)");
   });
 }

@@ -62,7 +62,12 @@ AD_HD void tridiag_band_grads_row(std::int64_t i, std::int64_t N, std::int64_t o
 // is formed as (up / prev) lo, never up lo: with every entry and z scaled by
 // 2^k the ratios scale by 2^k exactly, where up lo over- or underflowed for
 // entries past about 1e154 or below 1e-154 (NaN, or the coupling lost).
-AD_HD double resolvent_ratio(double a, double up, double lo, double prev) { return a - (up / prev) * lo; }
+// A coupling that is exactly 0 (up or lo) leaves r_i = a_i whatever r_{i-1}
+// is: T splits into blocks, and a zero minor of one block (0 / 0) must not
+// reach the next.
+AD_HD double resolvent_ratio(double a, double up, double lo, double prev) {
+  return (up == 0 || lo == 0) ? a : a - (up / prev) * lo;
+}
 // diag((T - zI)^-1)_i = theta_{i-1} phi_{i+1} / theta_N = 1 / (r_i + s_i - a_i).
 AD_HD double resolvent_diag(double r, double s, double a) { return 1.0 / (r + s - a); }
 // Both ratio sweeps of one shift z over rows [0, N): r[i] and s[i].
@@ -76,55 +81,97 @@ AD_HD void resolvent_ratios(std::int64_t N, const T* d, const T* up, const T* lo
   for (std::int64_t i = N - 2; i >= 0; --i)
     s[i] = resolvent_ratio(static_cast<double>(d[i]) - z, static_cast<double>(up[i]), static_cast<double>(lo[i]), s[i + 1]);
 }
+// The backward sweeps run on T / 2^m, z / 2^m (resolvent_scale_exponent):
+// every ratio is then O(1) where T's entries are of one size, whatever that
+// size is, and the gradients are scaled back at the end (G(T, z) =
+// G(T / c, z / c) / c, so dG/dT = (dG/dT')(T / c) / c^2): exact in powers of
+// two, so a gradient that is a finite double comes out finite, where r_i^2,
+// up_i lo_i or G_i^2 at T's own scale over- or underflowed.
+AD_HD bool resolvent_finite(double v) { return v - v == 0; }
+AD_HD int resolvent_scale_exponent(std::int64_t N, const double* r, const double* s) {
+  double big = 0;
+  for (std::int64_t i = 0; i < N; ++i) {
+    const double a = r[i] < 0 ? -r[i] : r[i], b = s[i] < 0 ? -s[i] : s[i];
+    if (resolvent_finite(a) && a > big) big = a;
+    if (resolvent_finite(b) && b > big) big = b;
+  }
+  int m = 0;
+  if (big > 0) std::frexp(big, &m);
+  return m;
+}
+// e_j / w^2 times x, as (x (up_j / w)) (lo_j / w): never up lo or w^2; an exactly
+// zero coupling gives 0 (a split T, whatever w is).
+AD_HD double resolvent_coupling_sq(double x, double up, double lo, double w) {
+  return (up == 0 || lo == 0) ? 0.0 : (x * (up / w)) * (lo / w);
+}
 // Reverse mode of one shift, given its ratios r, s and the cotangent dg of
 // G_i = 1 / D_i, D_i = r_i + s_i - a_i: Dbar_i = -dg_i G_i^2;
 // rbar_i = Dbar_i + rbar_{i+1} e_i / r_i^2, sbar_i = Dbar_i + sbar_{i-1} e_{i-1} / s_i^2;
 // ab_i = rbar_i + sbar_i - Dbar_i (= dL/da_i); eb_{i-1} -= rbar_i / r_{i-1},
-// eb_i -= sbar_i / s_{i+1} (= dL/de_i). Returns dL/dz = -sum ab.
+// eb_i -= sbar_i / s_{i+1} (= dL/de_i). On return ab holds dL/da_i, gu dL/dup_i
+// (= eb_i lo_i) and gl dL/dlo_i (= eb_i up_i), at T's scale; r and s are
+// scaled by 2^-m (see above). Returns dL/dz = -sum ab.
 template <class T>
 AD_HD double resolvent_backward_sweep(std::int64_t N, const T* d, const T* up, const T* lo, double z, const T* dg,
-                                      const double* r, const double* s, double* ab, double* eb) {
-  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+                                      double* r, double* s, double* ab, double* gu, double* gl) {
+  const int m = resolvent_scale_exponent(N, r, s);
+  for (std::int64_t i = 0; i < N; ++i) {
+    r[i] = std::ldexp(r[i], -m);
+    s[i] = std::ldexp(s[i], -m);
+  }
+  auto U = [&](std::int64_t i) { return std::ldexp(static_cast<double>(up[i]), -m); };
+  auto L = [&](std::int64_t i) { return std::ldexp(static_cast<double>(lo[i]), -m); };
   auto dbar = [&](std::int64_t i) {
-    double G = resolvent_diag(r[i], s[i], static_cast<double>(d[i]) - z);
+    double G = resolvent_diag(r[i], s[i], std::ldexp(static_cast<double>(d[i]) - z, -m));
     return -static_cast<double>(dg[i]) * G * G;
   };
+  double* eb = gu;  // dL'/de' accumulates in gu, split into gu and gl at the end
   for (std::int64_t i = 0; i < N; ++i) {
     ab[i] = -dbar(i);
     eb[i] = 0;
   }
   double rb = 0;
   for (std::int64_t i = N - 1; i >= 0; --i) {
-    rb = dbar(i) + (i + 1 < N ? rb * e(i) / (r[i] * r[i]) : 0.0);
+    rb = dbar(i) + (i + 1 < N ? resolvent_coupling_sq(rb, U(i), L(i), r[i]) : 0.0);
     ab[i] += rb;
     if (i >= 1) eb[i - 1] -= rb / r[i - 1];
   }
   double sb = 0;
   for (std::int64_t i = 0; i < N; ++i) {
-    sb = dbar(i) + (i >= 1 ? sb * e(i - 1) / (s[i] * s[i]) : 0.0);
+    sb = dbar(i) + (i >= 1 ? resolvent_coupling_sq(sb, U(i - 1), L(i - 1), s[i]) : 0.0);
     ab[i] += sb;
     if (i + 1 < N) eb[i] -= sb / s[i + 1];
   }
   double sz = 0;
-  for (std::int64_t i = 0; i < N; ++i) sz += ab[i];
+  for (std::int64_t i = 0; i < N; ++i) {
+    ab[i] = std::ldexp(ab[i], -2 * m);
+    sz += ab[i];
+    if (i + 1 < N) {
+      const double e = eb[i];
+      gu[i] = std::ldexp(e * L(i), -2 * m);
+      gl[i] = std::ldexp(e * U(i), -2 * m);
+    } else {
+      gu[i] = gl[i] = 0;
+    }
+  }
   return -sz;
 }
 // Row i of the resolvent backward's band gradients: the per-shift partials
-// in w (shift k: ab at w[4kN + 2N + i], eb at w[4kN + 3N + i]) summed over
-// the K shifts in order, in double; dd_i = sum ab, and with e_i = up_i lo_i,
-// dup_i = sum eb * lo_i, dlo_i = sum eb * up_i.
+// in w (shift k: ab at w[5kN + 2N + i], gu at + 3N, gl at + 4N) summed over
+// the K shifts in order, in double.
 template <class T>
-AD_HD void resolvent_band_sums_row(std::int64_t i, std::int64_t N, std::int64_t K, const double* w, const T* up,
-                                   const T* lo, T* dd, T* dup, T* dlo) {
-  double sa = 0, se = 0;
+AD_HD void resolvent_band_sums_row(std::int64_t i, std::int64_t N, std::int64_t K, const double* w, T* dd, T* dup,
+                                   T* dlo) {
+  double sa = 0, su = 0, sl = 0;
   for (std::int64_t k = 0; k < K; ++k) {
-    sa += w[4 * k * N + 2 * N + i];
-    if (i + 1 < N) se += w[4 * k * N + 3 * N + i];
+    sa += w[5 * k * N + 2 * N + i];
+    su += w[5 * k * N + 3 * N + i];
+    sl += w[5 * k * N + 4 * N + i];
   }
   dd[i] = static_cast<T>(sa);
   if (i + 1 < N) {
-    dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
-    dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+    dup[i] = static_cast<T>(su);
+    dlo[i] = static_cast<T>(sl);
   }
 }
 // Complex shifts: the same ratios in complex arithmetic with e real. e / w
@@ -184,7 +231,10 @@ template <class T> AD_HD Cplx resolvent_shifted(const T* d, std::int64_t i, Cplx
 // (up / w) lo, never up lo).
 template <class T>
 AD_HD void resolvent_ratios_complex(std::int64_t N, const T* d, const T* up, const T* lo, Cplx z, Cplx* r, Cplx* s) {
-  auto e_over = [&](std::int64_t i, Cplx w) { return div_real(static_cast<double>(up[i]), w) * static_cast<double>(lo[i]); };
+  auto e_over = [&](std::int64_t i, Cplx w) {  // an exactly zero coupling: 0 (resolvent_ratio)
+    const double u = static_cast<double>(up[i]), l = static_cast<double>(lo[i]);
+    return (u == 0 || l == 0) ? Cplx{0, 0} : div_real(u, w) * l;
+  };
   r[0] = resolvent_shifted(d, 0, z);
   for (std::int64_t i = 1; i < N; ++i) r[i] = resolvent_shifted(d, i, z) - e_over(i - 1, r[i - 1]);
   s[N - 1] = resolvent_shifted(d, N - 1, z);
@@ -193,57 +243,91 @@ AD_HD void resolvent_ratios_complex(std::int64_t N, const T* d, const T* up, con
 // G_ii = 1 / (r_i + s_i - a_i)
 AD_HD Cplx resolvent_diag_complex(Cplx r, Cplx s, Cplx a) { return div_real(1.0, r + s - a); }
 // The real op's reverse sweeps (resolvent_backward_sweep) in complex
-// arithmetic. Every map from (a, e) to G is holomorphic, so with the
+// arithmetic, on T / 2^m and z / 2^m as there (m from the larger of the real
+// and imaginary parts). Every map from (a, e) to G is holomorphic, so with the
 // cotangent Gbar = dL/dRe G - i dL/dIm G (dg holds (re, im) pairs) the chain
 // rule needs no conjugates. For a real input x entering through w,
-// dL/dx = Re(wbar dw/dx): ab (complex) holds abar, eb (real) Re ebar.
+// dL/dx = Re(wbar dw/dx): ab (complex) holds abar; gu and gl (real) dL/dup_i
+// = Re ebar_i lo_i and dL/dlo_i = Re ebar_i up_i, at T's scale.
 // Returns sum_i abar_i; a_i = d_i - x - i y gives dL/dx = -Re of it,
 // dL/dy = Im of it.
 template <class T>
 AD_HD Cplx resolvent_backward_sweep_complex(std::int64_t N, const T* d, const T* up, const T* lo, Cplx z, const T* dg,
-                                            const Cplx* r, const Cplx* s, Cplx* ab, double* eb) {
-  auto e = [&](std::int64_t i) { return static_cast<double>(up[i]) * static_cast<double>(lo[i]); };
+                                            Cplx* r, Cplx* s, Cplx* ab, double* gu, double* gl) {
+  int m = 0;
+  {
+    double big = 0;
+    for (std::int64_t i = 0; i < N; ++i)
+      for (double v : {r[i].re, r[i].im, s[i].re, s[i].im}) {
+        const double a = v < 0 ? -v : v;
+        if (resolvent_finite(a) && a > big) big = a;
+      }
+    if (big > 0) std::frexp(big, &m);
+  }
+  auto scaled = [&](Cplx w) { return Cplx{std::ldexp(w.re, -m), std::ldexp(w.im, -m)}; };
+  for (std::int64_t i = 0; i < N; ++i) {
+    r[i] = scaled(r[i]);
+    s[i] = scaled(s[i]);
+  }
+  auto U = [&](std::int64_t i) { return std::ldexp(static_cast<double>(up[i]), -m); };
+  auto L = [&](std::int64_t i) { return std::ldexp(static_cast<double>(lo[i]), -m); };
+  // x e_j / w^2 as ((x up_j / w) lo_j / w); 0 for an exactly zero coupling
+  auto coupling_sq = [&](Cplx x, std::int64_t j, Cplx w) {
+    const double u = U(j), l = L(j);
+    return (u == 0 || l == 0) ? Cplx{0, 0} : ((x * u) / w * l) / w;
+  };
   auto dbar = [&](std::int64_t i) {
-    const Cplx G = resolvent_diag_complex(r[i], s[i], resolvent_shifted(d, i, z));
+    const Cplx G = resolvent_diag_complex(r[i], s[i], scaled(resolvent_shifted(d, i, z)));
     const Cplx gbar{static_cast<double>(dg[2 * i]), -static_cast<double>(dg[2 * i + 1])};
     return -(gbar * G * G);
   };
+  double* eb = gu;  // Re ebar' accumulates in gu, split into gu and gl at the end
   for (std::int64_t i = 0; i < N; ++i) {
     ab[i] = -dbar(i);
     eb[i] = 0;
   }
   Cplx rb{0, 0};
   for (std::int64_t i = N - 1; i >= 0; --i) {
-    rb = dbar(i) + (i + 1 < N ? (rb * e(i)) / (r[i] * r[i]) : Cplx{0, 0});
+    rb = dbar(i) + (i + 1 < N ? coupling_sq(rb, i, r[i]) : Cplx{0, 0});
     ab[i] = ab[i] + rb;
     if (i >= 1) eb[i - 1] -= (rb / r[i - 1]).re;
   }
   Cplx sb{0, 0};
   for (std::int64_t i = 0; i < N; ++i) {
-    sb = dbar(i) + (i >= 1 ? (sb * e(i - 1)) / (s[i] * s[i]) : Cplx{0, 0});
+    sb = dbar(i) + (i >= 1 ? coupling_sq(sb, i - 1, s[i]) : Cplx{0, 0});
     ab[i] = ab[i] + sb;
     if (i + 1 < N) eb[i] -= (sb / s[i + 1]).re;
   }
   Cplx sz{0, 0};
-  for (std::int64_t i = 0; i < N; ++i) sz = sz + ab[i];
+  for (std::int64_t i = 0; i < N; ++i) {
+    ab[i] = Cplx{std::ldexp(ab[i].re, -2 * m), std::ldexp(ab[i].im, -2 * m)};
+    sz = sz + ab[i];
+    if (i + 1 < N) {
+      const double e = eb[i];
+      gu[i] = std::ldexp(e * L(i), -2 * m);
+      gl[i] = std::ldexp(e * U(i), -2 * m);
+    } else {
+      gu[i] = gl[i] = 0;
+    }
+  }
   return sz;
 }
 // Row i of the complex resolvent backward's band gradients: per shift k,
-// abar at cw[3kN + 2N + i] and Re ebar at ew[kN + i], summed over the K
-// shifts in order, in double (dd_i = sum Re abar; dup_i = sum eb * lo_i,
-// dlo_i = sum eb * up_i).
+// abar at cw[3kN + 2N + i], gu at ew[2kN + i] and gl at ew[2kN + N + i],
+// summed over the K shifts in order, in double (dd_i = sum Re abar).
 template <class T>
 AD_HD void resolvent_complex_band_sums_row(std::int64_t i, std::int64_t N, std::int64_t K, const Cplx* cw,
-                                           const double* ew, const T* up, const T* lo, T* dd, T* dup, T* dlo) {
-  double sa = 0, se = 0;
+                                           const double* ew, T* dd, T* dup, T* dlo) {
+  double sa = 0, su = 0, sl = 0;
   for (std::int64_t k = 0; k < K; ++k) {
     sa += cw[3 * k * N + 2 * N + i].re;
-    if (i + 1 < N) se += ew[k * N + i];
+    su += ew[2 * k * N + i];
+    sl += ew[2 * k * N + N + i];
   }
   dd[i] = static_cast<T>(sa);
   if (i + 1 < N) {
-    dup[i] = static_cast<T>(se * static_cast<double>(lo[i]));
-    dlo[i] = static_cast<T>(se * static_cast<double>(up[i]));
+    dup[i] = static_cast<T>(su);
+    dlo[i] = static_cast<T>(sl);
   }
 }
 

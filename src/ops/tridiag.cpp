@@ -291,7 +291,7 @@ AD_CUDA_ONLY(void tridiag_resolvent_diag_complex_backward_cuda(const KernelArgs&
   const auto es = static_cast<i64>(dtype_size(k.out.dtype()));
   semisep::Carve cv{static_cast<char*>(k.workspace)};  // the CPU's layout
   semisep::Cplx* cw = cv.take<semisep::Cplx>(3 * N * K);
-  double* ew = cv.take<double>(N * K);
+  double* ew = cv.take<double>(2 * N * K);
   cuda_k::resolvent_diag_complex_backward(k.out.dtype(), N, K, k[0].raw(), k[1].raw(), k[2].raw(), k[3].raw(),
                                           k[4].raw(), o, o + N * es, o + (2 * N - 1) * es, o + (3 * N - 2) * es, cw,
                                           ew);

@@ -104,7 +104,7 @@ void resolvent_diag(i64 N, i64 K, const T* d, const T* up, const T* lo, const T*
 
 std::size_t resolvent_backward_ws_bytes(i64 N, i64 K) {
   Carve c;
-  c.take<double>(4 * N * K);
+  c.take<double>(5 * N * K);  // per shift: r, s, ab, gu, gl (resolvent_backward_sweep)
   return c.bytes;
 }
 
@@ -116,16 +116,16 @@ void resolvent_diag_backward(i64 N, i64 K, const T* d, const T* up, const T* lo,
                              T* dup, T* dlo, T* dz, void* ws) {
   auto* w = static_cast<double*>(ws);
   parallel::parallel_for(K, 30.0 * static_cast<double>(N * K), [&](i64 k) {
-    double *r = w + 4 * k * N, *s = r + N, *ab = s + N, *eb = ab + N;
+    double *r = w + 5 * k * N, *s = r + N, *ab = s + N, *gu = ab + N, *gl = gu + N;
     double zk = static_cast<double>(z[k]);
     resolvent_ratios(N, d, up, lo, zk, r, s);
-    dz[k] = static_cast<T>(resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, eb));
+    dz[k] = static_cast<T>(resolvent_backward_sweep(N, d, up, lo, zk, dg + k * N, r, s, ab, gu, gl));
   });
   // sum over shifts in order
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel::parallel_for(blocks, static_cast<double>(4 * N * K), [&](i64 t) {
     i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
-    for (i64 i = i0; i < i1; ++i) resolvent_band_sums_row(i, N, K, w, up, lo, dd, dup, dlo);
+    for (i64 i = i0; i < i1; ++i) resolvent_band_sums_row(i, N, K, w, dd, dup, dlo);
   });
 }
 
@@ -155,7 +155,7 @@ void resolvent_diag_complex(i64 N, i64 K, const T* d, const T* up, const T* lo, 
 std::size_t resolvent_complex_backward_ws_bytes(i64 N, i64 K) {
   Carve c;
   c.take<Cplx>(3 * N * K);
-  c.take<double>(N * K);
+  c.take<double>(2 * N * K);
   return c.bytes;
 }
 
@@ -164,12 +164,13 @@ void resolvent_diag_complex_backward(i64 N, i64 K, const T* d, const T* up, cons
                                      T* dd, T* dup, T* dlo, T* dz, void* ws) {
   Carve cv{static_cast<char*>(ws)};
   Cplx* cw = cv.take<Cplx>(3 * N * K);    // per shift: r, s, abar
-  double* ew = cv.take<double>(N * K);   // per shift: Re ebar
+  double* ew = cv.take<double>(2 * N * K);  // per shift: gu, gl
   parallel::parallel_for(K, 120.0 * static_cast<double>(N * K), [&](i64 k) {
     Cplx *r = cw + 3 * k * N, *s = r + N, *ab = s + N;
     const Cplx zk{static_cast<double>(z[2 * k]), static_cast<double>(z[2 * k + 1])};
     resolvent_ratios_complex(N, d, up, lo, zk, r, s);
-    const Cplx sz = resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + k * N);
+    const Cplx sz = resolvent_backward_sweep_complex(N, d, up, lo, zk, dg + 2 * k * N, r, s, ab, ew + 2 * k * N,
+                                                         ew + 2 * k * N + N);
     dz[2 * k] = static_cast<T>(-sz.re);
     dz[2 * k + 1] = static_cast<T>(sz.im);
   });
@@ -177,7 +178,7 @@ void resolvent_diag_complex_backward(i64 N, i64 K, const T* d, const T* up, cons
   i64 blocks = (N + kRowBlock - 1) / kRowBlock;
   parallel::parallel_for(blocks, static_cast<double>(4 * N * K), [&](i64 t) {
     i64 i0 = t * kRowBlock, i1 = std::min(N, i0 + kRowBlock);
-    for (i64 i = i0; i < i1; ++i) resolvent_complex_band_sums_row(i, N, K, cw, ew, up, lo, dd, dup, dlo);
+    for (i64 i = i0; i < i1; ++i) resolvent_complex_band_sums_row(i, N, K, cw, ew, dd, dup, dlo);
   });
 }
 
