@@ -545,3 +545,63 @@ TEST_CASE("executor: backward calls on two threads that reach one Parameter both
   for (double v : other.grad().to_vector()) so += v;
   CHECK(so == doctest::Approx(rounds * want).epsilon(1e-9));
 }
+
+TEST_CASE("executor: a leaf written after the graph computed from it makes those values stale (recomputed)") {
+  // y = p * p computed at p = 2, then p set to 3 in place: backward must see 3 everywhere
+  // (before: loss 4 from the kept y, gradient 6 from the new p)
+  {
+    ad::Graph g;
+    ad::Parameter p(ad::Tensor::full({1}, 2.0, DType::f64));
+    Var y = ad::mul(g.param(p), p);
+    Var loss = ad::sum(y);
+    CHECK(y.value().item() == 4.0);
+    p.value().fill(3.0);
+    ad::backward(loss);
+    CHECK(loss.value().item() == 9.0);
+    CHECK(p.grad().item() == 6.0);
+    CHECK(y.value().item() == 9.0);
+  }
+  // an input written through data<T>() between two evals
+  {
+    ad::Graph g;
+    ad::Tensor t = ad::Tensor::full({2}, 1.0, DType::f64);
+    Var s = ad::sum(ad::mul(g.input(t), g.input(t)));
+    CHECK(s.value().item() == 2.0);
+    const std::int64_t before = total_computes(g);
+    CHECK(s.value().item() == 2.0);
+    CHECK(total_computes(g) == before);  // nothing written: nothing recomputed
+    t.data<double>()[0] = 3.0;
+    CHECK(s.value().item() == 10.0);
+  }
+  // backward, an optimizer step, backward again on the same graph: loss and gradients are those of a
+  // fresh graph at the new weights (the second run recomputes the forward)
+  for (DType t : {DType::f64, DType::f32}) {
+    Mlp m(13, t);
+    ad::Graph g;
+    Var loss = m.loss(g, 12, t);
+    ad::backward(loss);
+    ad::nn::SGD opt(m.params(), {.lr = 0.1});
+    opt.step();
+    for (const auto& p : m.params()) p.zero_grad();
+    ad::backward(loss);
+    const double again = loss.value().item();
+    std::vector<ad::Tensor> g_again = grads_of(m.params());
+    for (const auto& p : m.params()) p.zero_grad();
+    ad::Graph fresh;
+    Var l2 = m.loss(fresh, 12, t);
+    ad::backward(l2);
+    CHECK(again == l2.value().item());
+    check_bitwise(g_again, grads_of(m.params()));
+  }
+  // a Parameter given another tensor: the graph follows it; another shape is an error
+  {
+    ad::Graph g;
+    ad::Parameter p(ad::Tensor::full({2}, 1.0, DType::f64), "w");
+    Var s = ad::sum(ad::mul(g.param(p), p));
+    CHECK(s.value().item() == 2.0);
+    p.value() = ad::Tensor::full({2}, 2.0, DType::f64);
+    CHECK(s.value().item() == 8.0);
+    p.value() = ad::Tensor::full({3}, 2.0, DType::f64);
+    CHECK_THROWS_WITH_AS(s.value(), doctest::Contains("parameter 'w' is now f64[3]"), ad::Error);
+  }
+}

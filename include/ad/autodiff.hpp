@@ -25,6 +25,10 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 // - Calling backward again on the same graph reuses the gradient nodes built
 //   the first time and accumulates the gradients once more (as PyTorch does
 //   with retain_graph=true); values freed by the first call are recomputed.
+//   Values computed from a parameter or input written since (an optimizer
+//   step, fill, data<T>() on a non-const Tensor) are stale and recomputed
+//   too, loss.value() included: the gradients and the loss are those of the
+//   current values (Storage::version; Graph::input).
 // After the call loss.value() is available; other values may have been freed
 // and are recomputed on demand.
 // Threads: graphs are one thread's each; backward calls on several threads

@@ -104,8 +104,14 @@ class Graph {
   Graph(Graph&&) noexcept;
   Graph& operator=(Graph&&) noexcept;
 
-  // A data leaf holding `t` (shared, not copied). Not differentiated by
-  // backward(); ad::grad(loss, {x}) can still differentiate with respect to it.
+  // A data leaf holding `t` (shared, not copied): writing t later through
+  // Tensor's API (data<T>() on a non-const Tensor, fill, copy_from; after a
+  // write through raw(), t.mark_modified()) makes the values this graph
+  // computed from it stale, and the next eval or backward recomputes them.
+  // The same holds for a parameter leaf's tensor, and for a Parameter given
+  // another tensor of the same shape and dtype (another shape: ad::Error).
+  // Not differentiated by backward(); ad::grad(loss, {x}) can still
+  // differentiate with respect to it.
   Var input(const Tensor& t, std::string name = {});
   // The leaf for `p` in this graph (the same node every time it is asked for).
   Var param(const Parameter& p);

@@ -1,4 +1,5 @@
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -23,6 +24,13 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  // Changes with every write through Tensor's mutating API (data<T>() on a
+  // non-const Tensor, fill, copy_from, mark_modified): a graph that computed
+  // values from a leaf sees that the leaf changed and recomputes them.
+  // Concurrent writers may lose increments; it still moves away from any
+  // value a reader recorded, which is all it is for.
+  std::uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void touch() const { version_.store(version_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   Device device() const { return device_; }
   const std::shared_ptr<Allocator>& allocator() const { return alloc_; }
 
@@ -31,6 +39,7 @@ class Storage {
   std::size_t bytes_;
   Device device_;
   void* data_;
+  mutable std::atomic<std::uint64_t> version_{0};
 };
 
 // A dense, contiguous (row-major) n-d array. Copies of a Tensor share its
@@ -67,9 +76,15 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
   // Typed access; throws ad::Error if T does not match dtype().
-  template <class T> T* data() { check_type(DTypeOf<T>::value); return static_cast<T*>(raw()); }
+  // The non-const form counts as a write (Storage::version): a graph that
+  // computed values from this tensor recomputes them at its next eval or
+  // backward. Writes through raw() are not seen: call mark_modified().
+  template <class T> T* data() { check_type(DTypeOf<T>::value); mark_modified(); return static_cast<T*>(raw()); }
   template <class T> const T* data() const { check_type(DTypeOf<T>::value); return static_cast<const T*>(raw()); }
   void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr; }
+  // Tells graphs that use this tensor as a leaf that its values changed
+  // (after writing through raw(); data<T>(), fill and copy_from do it).
+  void mark_modified() const { if (storage_) storage_->touch(); }
   // Byte offset of element 0 in the storage (non-zero only for part views).
   std::size_t storage_offset() const { return offset_; }
 

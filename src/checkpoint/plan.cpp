@@ -229,6 +229,7 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
     if (s.node < 0 || static_cast<std::size_t>(s.node) >= g.nodes.size())
       throw Error(fmt::format("plan: sink {} is not a node", s.node));
   check_policy(policy);
+  g.refresh_leaves();  // values computed from leaves written since the last run are dropped first
   std::vector<std::uint64_t> key;
   Schedule s;
   // A selective policy's plan depends on its predicate only through the

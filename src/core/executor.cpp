@@ -531,6 +531,7 @@ RunStats execute(GraphImpl& g, const Schedule& s) { return Runner(g, s).run(); }
 Tensor eval(const Var& x) {
   if (!x.defined()) throw Error("eval: undefined Var");
   GraphImpl& g = *x.graph();
+  g.refresh_leaves();  // a value computed from a leaf written since is stale
   if (!g.node(x.id()).value.defined()) {
     Schedule s = plan(g, {x.id()}, {}, policy::keep_all());
     execute(g, s);

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "core/graph_impl.hpp"
+#include "core/device.hpp"
 
 namespace ad {
 
@@ -60,7 +61,49 @@ GraphImpl::GraphImpl() : alloc(std::make_shared<Allocator>(Device::cpu())) { nod
 std::int32_t GraphImpl::add_node(Node n) {
   if (nodes.size() >= static_cast<std::size_t>(INT32_MAX)) throw Error("Graph: too many nodes");
   nodes.push_back(std::move(n));
-  return static_cast<std::int32_t>(nodes.size() - 1);
+  const auto id = static_cast<std::int32_t>(nodes.size() - 1);
+  if (is_leaf(id)) leaves.push_back(id);
+  return id;
+}
+
+void GraphImpl::refresh_leaves() {
+  bool stale = false;
+  std::vector<char> dirty;
+  auto mark = [&](std::int32_t id) {
+    if (dirty.empty()) dirty.assign(nodes.size(), 0);
+    dirty[static_cast<std::size_t>(id)] = 1;
+    stale = true;
+  };
+  for (std::int32_t id : leaves) {
+    Node& n = node(id);
+    if (n.param) {
+      const Tensor& cur = n.param->value;
+      if (!cur.same_storage(n.value) || cur.storage_offset() != n.value.storage_offset() ||
+          !(cur.shape() == n.value.shape()) || cur.dtype() != n.value.dtype()) {
+        const Meta m{cur.shape(), cur.dtype(), cur.device()};
+        if (!(m.shape == n.meta.shape) || m.dtype != n.meta.dtype || !(m.device == n.meta.device))
+          throw Error(fmt::format("Graph: parameter {} is now {}{} on {} but was {}{} on {} when this graph was built; "
+                                  "build a new graph",
+                                  n.param->name.empty() ? std::string("(unnamed)") : "'" + n.param->name + "'",
+                                  dtype_name(m.dtype), m.shape.str(), device::name(m.device),
+                                  dtype_name(n.meta.dtype), n.meta.shape.str(), device::name(n.meta.device)));
+        n.value = cur;
+        if (n.seen) mark(id);
+      }
+    }
+    const std::uint64_t v = n.value.storage() ? n.value.storage()->version() : 0;
+    if (n.seen && v != n.seen_version) mark(id);
+    n.seen_version = v;
+    n.seen = true;
+  }
+  if (!stale) return;
+  for (std::size_t id = 0; id < nodes.size(); ++id) {
+    Node& n = nodes[id];
+    if (dirty[id]) continue;  // a leaf
+    for (auto in : n.inputs)
+      if (dirty[static_cast<std::size_t>(in)]) { dirty[id] = 1; break; }
+    if (dirty[id] && !is_leaf(static_cast<std::int32_t>(id))) n.value = Tensor();
+  }
 }
 
 void GraphImpl::drop_last(std::int32_t id) {

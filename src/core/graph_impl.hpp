@@ -86,6 +86,10 @@ struct Node {
   Meta meta;
   Tensor value;                        // present or not
   std::shared_ptr<ParamState> param;   // parameter leaves
+  // leaves: the storage version of the value when a run last started
+  // (GraphImpl::refresh_leaves); seen_version is meaningful once seen is set
+  std::uint64_t seen_version = 0;
+  bool seen = false;
   std::int32_t times_computed = 0;     // by executors, over this graph's life
   std::int32_t last_run_computes = 0;  // compute steps of this node in the last executed schedule
   bool checkpoint = false;             // marked by ad::checkpoint (policy::manual keeps it)
@@ -175,8 +179,15 @@ class GraphImpl {
   void drop_last(std::int32_t id);
   std::int32_t param_node(ParamState* p);
   bool is_leaf(std::int32_t id) const;
+  // Called before every run (eval, planning): a leaf whose tensor was
+  // written since the last run (Storage::version), or a parameter whose
+  // Parameter now holds another tensor, makes every computed value that
+  // depends on it stale; those values are dropped, to be recomputed. A
+  // parameter whose shape, dtype or device changed throws ad::Error.
+  void refresh_leaves();
 
   std::vector<Node> nodes;
+  std::vector<std::int32_t> leaves;  // input and parameter nodes, in order
   std::shared_ptr<Allocator> alloc;
   std::unordered_map<const ParamState*, std::int32_t> param_nodes;
   std::unordered_map<std::int32_t, std::string> names;

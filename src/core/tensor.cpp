@@ -230,6 +230,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 void Tensor::fill(double value) {
   if (!defined()) throw Error("Tensor::fill: undefined tensor");
+  mark_modified();
   if (is_cuda()) {
     Tensor h = empty(shape_, dtype_);
     h.fill(value);
@@ -240,6 +241,7 @@ void Tensor::fill(double value) {
 }
 void Tensor::copy_from(const Tensor& src) {
   if (!defined() || !src.defined()) throw Error("Tensor::copy_from: undefined tensor");
+  mark_modified();
   if (!(src.shape_ == shape_))
     throw Error(fmt::format("Tensor::copy_from: {}{} into {}{}", dtype_name(src.dtype_), src.shape_.str(),
                             dtype_name(dtype_), shape_.str()));

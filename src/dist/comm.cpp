@@ -246,6 +246,7 @@ bool Communicator::Work::test() {
 }
 
 Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const {
+  t.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] { check_tensor(*impl_, "all_reduce", t, op == ReduceOp::mean); });
   if (!bad.empty() && !impl_->mpi) throw Error(bad);
   Work w;
@@ -275,6 +276,7 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) const { all_reduce_async(t, op).wait(); }
 
 void Communicator::broadcast(Tensor& t, int root) const {
+  t.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "broadcast", t, false);
     if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
@@ -293,6 +295,7 @@ void Communicator::broadcast(Tensor& t, int root) const {
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) const {
+  out.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "reduce_scatter", in, op == ReduceOp::mean);
     check_tensor(*impl_, "reduce_scatter", out, op == ReduceOp::mean);
@@ -319,6 +322,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) const {
+  out.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "all_gather", in, false);
     check_tensor(*impl_, "all_gather", out, false);

@@ -31,7 +31,12 @@ void copy_range(const std::vector<Tensor>& ts, std::int64_t begin, Tensor& part,
       char* a = static_cast<char*>(part.raw()) + static_cast<std::size_t>(lo - begin) * es;
       char* b = static_cast<char*>(t.raw()) + static_cast<std::size_t>(lo - off) * es;
       auto n = static_cast<std::size_t>(hi - lo) * es;
-      to_part ? device::copy(a, part.device(), b, t.device(), n) : device::copy(b, t.device(), a, part.device(), n);
+      if (to_part) {
+        device::copy(a, part.device(), b, t.device(), n);
+      } else {
+        device::copy(b, t.device(), a, part.device(), n);
+        t.mark_modified();  // a parameter's values, written through raw()
+      }
     }
     off += t.numel();
   }
