@@ -478,3 +478,16 @@ TEST_CASE("empty tensors: what throws") {
   EXPECT_ERROR(ad::mse(e, e), "mse", "no elements", "f32[0,3]");
   EXPECT_ERROR(ad::reshape(e, {-1, 0}), "reshape", "f32[0,3]");  // ambiguous -1
 }
+
+TEST_CASE("misuse: a moved-from Graph throws instead of crashing") {
+  ad::Graph g;
+  ad::Var x = g.input(ad::Tensor::ones({2}));
+  ad::Graph h = std::move(g);
+  CHECK(h.num_nodes() == 1);
+  CHECK(ad::sum(x).value().item() == 2.0);  // Vars follow the moved graph
+  CHECK_THROWS_WITH_AS(g.input(ad::Tensor::ones({2})), "Graph: use of a moved-from Graph", ad::Error);
+  CHECK_THROWS_WITH_AS(g.param(ad::Parameter::zeros({2})), "Graph: use of a moved-from Graph", ad::Error);
+  CHECK_THROWS_AS(g.num_nodes(), ad::Error);
+  CHECK_THROWS_AS(g.live_bytes(), ad::Error);
+  CHECK_THROWS_AS(g.record(nullptr), ad::Error);
+}

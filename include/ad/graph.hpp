@@ -122,7 +122,8 @@ class Graph {
   // Records every step the executor runs on this graph into `trace` (not
   // owned; it must outlive the recording) until record(nullptr).
   void record(Trace* trace);
-  GraphImpl& impl() const { return *impl_; }
+  // Throws ad::Error for a moved-from Graph (as every member above does).
+  GraphImpl& impl() const;
 
  private:
   std::unique_ptr<GraphImpl> impl_;

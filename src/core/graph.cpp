@@ -143,17 +143,23 @@ Var Graph::input(const Tensor& t, std::string name) {
   n.op = OpId::input;
   n.meta = {t.shape(), t.dtype(), t.device()};
   n.value = t;
-  auto id = impl_->add_node(std::move(n));
-  if (!name.empty()) impl_->names.emplace(id, std::move(name));
-  return {impl_.get(), id};
+  GraphImpl& g = impl();
+  auto id = g.add_node(std::move(n));
+  if (!name.empty()) g.names.emplace(id, std::move(name));
+  return {&g, id};
 }
 Var Graph::param(const Parameter& p) {
   if (!p.defined()) throw Error("Graph::param: empty Parameter");
-  return {impl_.get(), impl_->param_node(p.state())};
+  GraphImpl& g = impl();
+  return {&g, g.param_node(p.state())};
 }
-std::int64_t Graph::num_nodes() const { return static_cast<std::int64_t>(impl_->nodes.size()); }
-std::int64_t Graph::live_bytes() const { return impl_->alloc->live_bytes(); }
-void Graph::record(Trace* trace) { impl_->trace = trace; }
+std::int64_t Graph::num_nodes() const { return static_cast<std::int64_t>(impl().nodes.size()); }
+std::int64_t Graph::live_bytes() const { return impl().alloc->live_bytes(); }
+void Graph::record(Trace* trace) { impl().trace = trace; }
+GraphImpl& Graph::impl() const {
+  if (!impl_) throw Error("Graph: use of a moved-from Graph");
+  return *impl_;
+}
 
 // ---- Var ----
 static const Node& checked_node(const Var& v) {
