@@ -13,6 +13,7 @@
 #include <ad/ad.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -116,16 +117,29 @@ struct Adam {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The whole of `v` as a number >= lo, else false.
+static bool number_at_least(const char* v, long long lo, long long& out) {
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtoll(v, &end, 10);
+  return *v && !*end && !errno && out >= lo;
+}
+
+static int run(int argc, char** argv) {
   int epochs = 20;
   std::int64_t T = 100000;
   std::uint64_t seed = 7;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--length") && i + 1 < argc) T = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    long long n = 0;
+    const bool has = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--epochs") && has && number_at_least(argv[i + 1], 0, n) && n <= 1000000)
+      epochs = static_cast<int>(n), ++i;
+    else if (!std::strcmp(argv[i], "--length") && has && number_at_least(argv[i + 1], 1, n))
+      T = n, ++i;
+    else if (!std::strcmp(argv[i], "--seed") && has && number_at_least(argv[i + 1], 0, n))
+      seed = static_cast<std::uint64_t>(n), ++i;
     else {
-      std::fprintf(stderr, "usage: semicrf_segment [--epochs N] [--length T] [--seed S]\n");
+      std::fprintf(stderr, "usage: semicrf_segment [--epochs N >= 0] [--length T >= 1] [--seed S >= 0]\n");
       return 2;
     }
   }
@@ -173,4 +187,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ad::Error& e) {  // e.g. memory for a --length too large
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }

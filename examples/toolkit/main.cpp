@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
     std::int64_t step = 0;
     if (resume) {  // parameters, optimizer state, and where the data stream was
       ad::Metadata m = ad::nn::load_checkpoint(ckpt, model, opt);
+      const std::string was = m.count("steps") ? m.at("steps") : "?";
+      if (was != std::to_string(steps))  // the learning-rate schedule's length
+        throw ad::Error(fmt::format("{} is from a run of --steps {}: resume with that value", ckpt, was));
       step = std::stoll(m.at("step"));
       data.reserve(std::stoull(m.at("data_offset")));
     }
@@ -75,7 +78,8 @@ int main(int argc, char** argv) {
       progress.update(++step, loss_value, r);
       if (step % 50 == 0 || step == steps)  // and at the end, so a finished run resumes to "nothing to do"
         ad::nn::save_checkpoint(ckpt, model, opt,
-                                {{"step", std::to_string(step)}, {"data_offset", std::to_string(data.offset())}});
+                                {{"step", std::to_string(step)}, {"steps", std::to_string(steps)},
+                                 {"data_offset", std::to_string(data.offset())}});
     }
     // [end snippet]
     if (po.start_step >= steps) {
@@ -89,6 +93,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ad::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {  // a checkpoint without this program's metadata (step, data_offset)
+    fmt::print(stderr, "error: {} is not a checkpoint of this program ({})\n", ckpt, e.what());
     return 1;
   }
 }

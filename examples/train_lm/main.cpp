@@ -8,7 +8,7 @@
 // decoded greedily at the end and scored by exact match. Exits 3 if a step's
 // measured peak ever differs from the predicted one.
 //
-//   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]
+//   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
 //            [--kv-heads H] [--layers N] [--lr X] [--mixer attention|semiseparable] [--seed S] [--log-every N]
 //            [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]
@@ -26,9 +26,10 @@
 //
 // policy: keep_all (no recomputation), manual (keep block outputs, marked with
 // ad::checkpoint), sqrt_n, uniform:K (every K-th forward value), selective
-// (keep matmul outputs), budget (the cheapest schedule within --budget MiB),
-// optimal:S (Revolve with S slots; applies to chain graphs only, which a
-// residual network is not: it reports ad::Error).
+// (keep matmul outputs), budget (the cheapest schedule within --budget MiB).
+// optimal_chain (Revolve) is not offered: it applies to chain graphs only,
+// and this model (token plus position embeddings, residual blocks) is never
+// one; examples/remat_demo runs it on a chain.
 #include <ad/ad.hpp>
 
 #include <algorithm>
@@ -116,11 +117,9 @@ ad::Policy make_policy(const Options& o) {
   if (p == "sqrt_n") return ad::policy::sqrt_n();
   if (p == "selective") return ad::policy::selective(ad::save_matmuls);
   if (p.rfind("uniform:", 0) == 0) return ad::policy::uniform(whole("--policy uniform:K", p.substr(8)));
-  if (p.rfind("optimal:", 0) == 0) {
-    const std::int64_t slots = whole("--policy optimal:S", p.substr(8));
-    if (slots > INT32_MAX) throw ad::Error(fmt::format("--policy optimal:S: {} slots is too many", slots));
-    return ad::policy::optimal_chain(static_cast<std::int32_t>(slots));
-  }
+  if (p.rfind("optimal:", 0) == 0)
+    throw ad::Error("--policy optimal:S (Revolve) applies to chain graphs only; this model is not one "
+                    "(examples/remat_demo runs it on a chain)");
   if (p == "budget") {
     if (o.budget_mib <= 0) throw ad::Error("--policy budget needs --budget <MiB>");
     return ad::policy::budget(o.budget_mib << 20);
@@ -164,7 +163,7 @@ std::pair<double, double> evaluate(const ad::nn::DecoderLM& model, const Options
 
 int usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget|optimal:S] [--budget MiB]\n"
+               "usage: %s [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget] [--budget MiB]\n"
                "          [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]\n"
                "          [--kv-heads H] [--layers N] [--lr X] [--mixer attention|semiseparable] [--seed S] [--log-every N]\n"
                "          [--eval N] [--save FILE] [--save-every N] [--resume FILE] [--trace FILE] [--dot FILE]\n"
@@ -177,7 +176,7 @@ int usage(const char* argv0) {
 
 int main(int argc, char** argv) {
   Options o;
-  bool heads_given = false, budget_given = false;
+  bool heads_given = false, budget_given = false, stop_given = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
@@ -193,13 +192,19 @@ int main(int argc, char** argv) {
       else if (a == "--heads") o.model.block.heads = whole(a, v), heads_given = true;
       else if (a == "--kv-heads") o.model.block.kv_heads = whole(a, v), heads_given = true;
       else if (a == "--layers") o.model.layers = whole(a, v);
-      else if (a == "--lr") o.lr = std::atof(v.c_str());
+      else if (a == "--lr") {
+        char* end = nullptr;
+        errno = 0;
+        o.lr = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end || errno || !std::isfinite(o.lr) || o.lr <= 0)
+          throw ad::Error(fmt::format("--lr takes a number > 0, got '{}'", v));
+      }
       else if (a == "--mixer") o.mixer = v;
       else if (a == "--eval") o.eval_n = whole(a, v);
       else if (a == "--save") o.save = v;
       else if (a == "--save-every") o.save_every = whole(a, v);
       else if (a == "--resume") o.resume = v;
-      else if (a == "--stop-at") o.stop_at = whole(a, v);
+      else if (a == "--stop-at") o.stop_at = whole(a, v), stop_given = true;
       else if (a == "--trace") o.trace = v;
       else if (a == "--dot") o.dot = v;
       else if (a == "--seed") {
@@ -214,6 +219,11 @@ int main(int argc, char** argv) {
     }
     // options another one makes meaningless are errors, not silently ignored
     if (budget_given && o.policy != "budget") throw ad::Error("--budget applies to --policy budget only");
+    if (o.steps < 1) throw ad::Error(fmt::format("--steps takes a step count >= 1, got {}", o.steps));
+    if (o.save_every != 0 && o.save.empty()) throw ad::Error("--save-every applies with --save only");
+    if (o.save_every < 0) throw ad::Error(fmt::format("--save-every takes a step count >= 1, got {}", o.save_every));
+    if (o.stop_at < 0 || (o.stop_at == 0 && stop_given))
+      throw ad::Error(fmt::format("--stop-at takes a step >= 1, got {}", o.stop_at));
     if (heads_given && o.mixer == "semiseparable")
       throw ad::Error("--heads and --kv-heads apply to --mixer attention (the semiseparable mixer has no heads)");
   } catch (const ad::Error& e) {
@@ -221,7 +231,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (o.task != "reverse" && o.task != "sort") return usage(argv[0]);
-  if (o.digits < 1 || o.batch < 1 || o.steps < 0) return usage(argv[0]);
+  if (o.digits < 1 || o.batch < 1) return usage(argv[0]);
   try {
     if (o.mixer == "semiseparable") o.model.block.mixer = ad::nn::Mixer::semiseparable;
     else if (o.mixer != "attention")
