@@ -71,7 +71,12 @@ Policy sqrt_n();
 // Keeps the forward nodes for which keep(info) is true (JAX-style
 // checkpoint policies); see save_matmuls().
 Policy selective(KeepFn keep);
-// The cheapest schedule (by recompute flops) whose peak fits in `bytes`.
+// The cheapest schedule (by recompute flops) the planner finds whose peak
+// fits in `bytes` (docs/design.md: a fixed candidate list, an exact tier on
+// small graphs, a second tier when nothing in the list fits). A lower
+// budget never gets a higher peak; near the least feasible peak a higher
+// budget can get a plan that recomputes more than a lower one's (the second
+// tier is not built when the list has a fit).
 // backward() throws ad::BudgetError (an ad::Error) stating the least peak it
 // can plan, and whether that is proven to be the minimum, when it cannot
 // fit. The measured peak never exceeds `bytes`.
