@@ -29,7 +29,9 @@ Metadata load_module(const std::string& path, const Module& m, bool strict = tru
 // "ad.optimizer.hyperparameters" (hyperparameters()); `metadata` may not use
 // these keys. load_optimizer restores the state and returns the metadata (those
 // entries included); it throws ad::Error if the file's state is of another
-// kind of optimizer (Adam's moments loaded into AdamW), and leaves comparing
+// kind of optimizer (Adam's moments loaded into AdamW; a file without
+// "ad.optimizer", as written before 2026-11-26, is checked by its slot names
+// only, which Adam and AdamW share), and leaves comparing
 // the hyperparameters, which a resumed run may change on purpose, to the caller.
 void save_optimizer(const std::string& path, const Optimizer& opt, const Metadata& metadata = {});
 Metadata load_optimizer(const std::string& path, Optimizer& opt);
