@@ -1053,6 +1053,23 @@ TEST_CASE("semiseparable misuse: shapes, dtypes, singular systems") {
                                  h.input(eu), h.input(ev));
     expect([&] { eval(sc); }, {"semiseparable_solve", "capacitance", "singular"});
   }
+  // H = t (I - 1 1^T / N) (T = t I, U = 1, V = -t/N 1) is singular, but C = 1 + V^T T^-1 U rounds
+  // to about 1e-16 rather than 0: singular to working precision is an error too (it returned
+  // y ~ 1e15 before), in both dtypes; a well-conditioned neighbour (V = -t/(2N) 1) solves
+  for (DType dt : {DType::f64, DType::f32})
+    for (i64 N : {5, 7, 10, 33}) {
+      INFO(dtype_name(dt) << " N " << N);
+      const double t = 0.3;
+      Graph h;
+      auto xs = h.input(Tensor::full({1, N, 2}, 1.0, dt));
+      auto ds = h.input(Tensor::full({N}, t, dt)), z = h.input(Tensor::zeros({N - 1}, dt));
+      auto us = h.input(Tensor::full({N, 1}, 1.0, dt));
+      Var bad = semiseparable_solve(xs, ds, z, z, us, h.input(Tensor::full({N, 1}, -t / static_cast<double>(N), dt)));
+      expect([&] { eval(bad); }, {"semiseparable_solve", "capacitance", "singular to working precision"});
+      Var good = semiseparable_solve(xs, ds, z, z, us, h.input(Tensor::full({N, 1}, -t / (2.0 * static_cast<double>(N)), dt)));
+      // (t I - t/(2N) 1 1^T) y = 1 has y = 2/t for every entry
+      for (double e : eval(good).to_vector()) CHECK(e == doctest::Approx(2.0 / t).epsilon(1e-5));
+    }
 }
 
 // ---- gradcheck cases ----

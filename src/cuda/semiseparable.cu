@@ -1920,12 +1920,11 @@ template <class T> __global__ void resolvent_complex_sum_kernel(i64 N, i64 K, co
 // C = I + S (S = V^T Z, r x r) in double, then its LU with partial pivoting:
 // semisep::lu_factor, the very code the CPU runs. One thread: r is small (tens)
 // and O(r^3) is nothing next to the O(N r^2) products around it.
-// *flag = 1 when C is singular, else 0.
+// *flag = 1 when C is singular to working precision, else 0
+// (semisep::capacitance_factor; C holds r r + 2 r doubles).
 template <class T> __global__ void capacitance_kernel(i64 r, const T* S, double* C, i64* piv, i64* flag) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  for (i64 k = 0; k < r; ++k)
-    for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
-  *flag = semisep::lu_factor(C, r, piv) ? 0 : 1;
+  *flag = semisep::capacitance_factor(S, r, C, piv, C + r * r, C + r * r + r) ? 0 : 1;
 }
 // One thread per (b, column c) of W_b (r x D at W + b r D): W_b[:, c] = -C^-1 W_b[:, c]
 // (semisep::lu_solve in double through r doubles of tmp per thread).

@@ -1279,8 +1279,8 @@ Dims capacitance_dims(const Dims& dm) { return Dims{1, dm.N, dm.r, dm.r, dm.L}; 
 }  // namespace
 
 void fail_capacitance(const char* op, i64 r) {
-  kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular: T + U V^T is not "
-                              "invertible",
+  kernel_fail(op, fmt::format("the capacitance matrix I + V^T T^-1 U (rank {}) is singular to working precision "
+                              "(||C^-1|| (1 + ||V^T T^-1 U||) u >= 0.1): T + U V^T is not invertible in this dtype",
                               r));
 }
 
@@ -1291,7 +1291,7 @@ std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem) {
   c.take<char>(static_cast<i64>(tridiag_ws_bytes(dm.N, elem)));
   c.take<char>(dm.N * dm.r * e);
   c.take<char>(std::max(dm.B * dm.chunks() * dm.r * dm.D, dc.chunks() * dm.r * dm.r) * e);
-  c.take<double>(dm.r * dm.r + dm.r);
+  c.take<double>(dm.r * dm.r + 2 * dm.r);  // C, and two r-vectors for capacitance_factor
   c.take<i64>(dm.r);
   return c.bytes;
 }
@@ -1307,15 +1307,13 @@ void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, cons
   void* tws = cv.take<char>(static_cast<i64>(tridiag_ws_bytes(N, sizeof(T))));
   T* Z = reinterpret_cast<T*>(cv.take<char>(N * r * e));
   T* S = reinterpret_cast<T*>(cv.take<char>(std::max(B * nc * rD, dc.chunks() * r * r) * e));
-  double* C = cv.take<double>(r * r + r);
+  double* C = cv.take<double>(r * r + 2 * r);
   i64* piv = cv.take<i64>(r);
   tridiag_solve(op, N, B, D, d, up, lo, x, y, false, tws);  // y = T^-1 x (checks the pivots first)
   if (r == 0) return;
   tridiag_solve(op, N, 1, r, d, up, lo, u, Z, false, tws);  // Z = T^-1 U
   total_sums(dc, Z, v, S);                                   // V^T Z
-  for (i64 k = 0; k < r; ++k)
-    for (i64 l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
-  if (!lu_factor(C, r, piv)) fail_capacitance(op, r);
+  if (!capacitance_factor(S, r, C, piv, C + r * r, C + r * r + r)) fail_capacitance(op, r);
   if (D == 0 || B == 0) return;
   total_sums(dm, y, v, S);  // W_b = V^T y_b
   parallel::parallel_for(B, static_cast<double>(B * D * r * r * 2), [&](i64 b) {

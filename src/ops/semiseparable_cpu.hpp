@@ -144,8 +144,8 @@ void woodbury_solve_backward(const char* op, const Dims& dm, const T* d, const T
 // Its workspace, carved in this order (64-byte aligned regions; elem = the
 // dtype's size): cp, den (N elems each: the Thomas coefficients), Z = T^-1 U
 // (N r elems), S (max(B r D, r r) elems: V^T Z, then W_b = V^T y_b per b at
-// b r D, then -C^-1 W_b in place), C (r r doubles: the LU factors of
-// C = I + V^T Z), piv (r i64), flag (1 i64: 1 = C singular), tmp (B D r
+// b r D, then -C^-1 W_b in place), C (r r + 2 r doubles: the LU factors of
+// C = I + V^T Z, and capacitance_factor's two vectors), piv (r i64), flag (1 i64: 1 = C singular), tmp (B D r
 // doubles: one r-vector per column for the LU solves). The backward adds
 // A_b = V^T y_b and G_b = U^T lam_b (B r D elems each). With base nullptr
 // every pointer is nullptr and only `bytes` is meaningful (the planner's size).
@@ -167,7 +167,7 @@ inline WoodburyGpuWs woodbury_gpu_ws(std::int64_t B, std::int64_t N, std::int64_
   w.den = c.take<char>(N * e);
   w.Z = c.take<char>(N * r * e);
   w.S = c.take<char>((rD > r * r ? rD : r * r) * e);
-  w.C = c.take<double>(r * r);
+  w.C = c.take<double>(r * r + 2 * r);  // and two r-vectors for capacitance_factor
   w.piv = c.take<std::int64_t>(r);
   w.flag = c.take<std::int64_t>(1);
   w.tmp = c.take<double>(rD);

@@ -387,4 +387,37 @@ AD_HD void lu_solve(const double* a, std::int64_t r, const std::int64_t* piv, T*
   for (std::int64_t k = 0; k < r; ++k) w[k * st] = static_cast<T>(scale * tmp[k]);
 }
 
+// C = I + S (S = V^T T^-1 U, r x r, formed in the input dtype T) in double,
+// factored in place by lu_factor. False when C is singular to working
+// precision: ||C^-1||_1 (1 + ||S||_1) u >= 0.1, u the unit roundoff of T.
+// C's entries carry errors of about u (1 + ||S||) from forming S, so past
+// that bound the solve has no correct digit (H = t (I - 1 1^T / N) gave
+// C ~ 1e-16 instead of 0 and y ~ 1e15 without an error). ||C^-1||_1 is
+// exact (r solves, O(r^3), like the LU). col and tmp hold r doubles each.
+template <class T>
+AD_HD bool capacitance_factor(const T* S, std::int64_t r, double* C, std::int64_t* piv, double* col, double* tmp) {
+  double snorm = 0;
+  for (std::int64_t l = 0; l < r; ++l) {
+    double c = 0;
+    for (std::int64_t k = 0; k < r; ++k) {
+      const double x = static_cast<double>(S[k * r + l]);
+      c += x < 0 ? -x : x;
+    }
+    snorm = c > snorm ? c : snorm;
+  }
+  for (std::int64_t k = 0; k < r; ++k)
+    for (std::int64_t l = 0; l < r; ++l) C[k * r + l] = (k == l ? 1.0 : 0.0) + static_cast<double>(S[k * r + l]);
+  if (!lu_factor(C, r, piv)) return false;
+  double inorm = 0;
+  for (std::int64_t j = 0; j < r; ++j) {
+    for (std::int64_t k = 0; k < r; ++k) col[k] = k == j ? 1.0 : 0.0;
+    lu_solve(C, r, piv, col, 1, tmp);
+    double c = 0;
+    for (std::int64_t k = 0; k < r; ++k) c += col[k] < 0 ? -col[k] : col[k];
+    inorm = c > inorm ? c : inorm;
+  }
+  const double u = sizeof(T) <= 4 ? 0x1p-24 : 0x1p-53;
+  return lu_finite(inorm) && inorm * (1.0 + snorm) * u < 0.1;
+}
+
 }  // namespace ad::semisep
