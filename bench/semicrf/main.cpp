@@ -4,7 +4,7 @@
 // ratio against a naive reference that keeps the full α and β tables (small
 // sizes only). B = 1, fast path (Tr (C, C)).
 //
-//   bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json]
+//   bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--marginals]
 //                 [--threads N: time the kernels alone with N threads (no graph,
 //                  no memory / f64 / naive columns)]
 //                 [--flat: scores 0, transitions -20: every window flat, nothing skipped]
@@ -227,6 +227,43 @@ Row run(std::int64_t T, std::int64_t K, std::int64_t C, bool f64, bool naive, in
   return r;
 }
 
+// ---- --marginals ----
+// The f32 fast path's posterior marginals against f64 on the same inputs
+// (every input rounded to f32 first, so only the arithmetic differs): the
+// largest absolute difference, and the f32 values outside [0, 1].
+int marginals_accuracy(const std::vector<std::array<std::int64_t, 3>>& grid) {
+  std::printf("semicrf_marginals, f32 against f64 on the same (f32-rounded) inputs, B = 1\n\n");
+  std::printf("| T | K | C | max abs(f32 - f64) | min f32 | max f32 | f32 values outside [0, 1] |\n|---|---|---|---|---|---|---|\n");
+  for (auto [T, K, C] : grid) {
+    Problem p = make_problem(T, K, C, 1000 + static_cast<std::uint64_t>(T + K + C));
+    if (g_flat) flatten(p);
+    std::vector<double> m[2];
+    for (int i = 0; i < 2; ++i) {
+      const ad::DType t = i ? ad::DType::f64 : ad::DType::f32;
+      auto in = [&](const std::vector<double>& v, const ad::Shape& s) {
+        return tensor(v, s, ad::DType::f32).to(t);
+      };
+      ad::Graph g;
+      ad::Var L = g.input(ad::Tensor::from(std::span<const std::int64_t>(std::vector<std::int64_t>{T}), {1}));
+      m[i] = ad::eval(ad::semicrf_marginals(g.input(in(p.S, {1, T + 1, C})), g.input(in(p.Tr, {C, C})),
+                                            g.input(in(p.D, {K, C})), g.input(in(p.P, {C})), L))
+                 .to_vector();
+    }
+    double worst = 0, lo = INFINITY, hi = -INFINITY;
+    std::int64_t out = 0;
+    for (std::size_t j = 0; j < m[0].size(); ++j) {
+      worst = std::max(worst, std::fabs(m[0][j] - m[1][j]));
+      lo = std::min(lo, m[0][j]);
+      hi = std::max(hi, m[0][j]);
+      out += m[0][j] < 0 || m[0][j] > 1;
+    }
+    std::printf("| %lld | %lld | %lld | %.3g | %.4g | %.6g | %lld of %zu |\n", static_cast<long long>(T),
+                static_cast<long long>(K), static_cast<long long>(C), worst, lo, hi, static_cast<long long>(out),
+                m[0].size());
+  }
+  return 0;
+}
+
 // ---- --gpu ----
 // logZ and all four gradients of one sequence on device 0 (f32, fast path),
 // through the graph as a user runs them: forward time (logZ copied back),
@@ -293,7 +330,7 @@ int gpu_bench(std::int64_t T, std::int64_t K, std::int64_t C, bool json) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
-  bool quick = false, json = false, f64 = true, naive = true, gpu = false;
+  bool quick = false, json = false, f64 = true, naive = true, gpu = false, marginals = false;
   int threads = 0;
   std::int64_t oT = 0, oK = 0, oC = 0;
   for (int i = 1; i < argc; ++i) {
@@ -304,13 +341,14 @@ int main(int argc, char** argv) {
     else if (a == "--no-naive") naive = false;
     else if (a == "--flat") g_flat = true;
     else if (a == "--gpu") gpu = true;
+    else if (a == "--marginals") marginals = true;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) {
       long long t, k, c;
       if (std::sscanf(argv[++i], "%lld,%lld,%lld", &t, &k, &c) != 3) { std::fprintf(stderr, "--only T,K,C\n"); return 2; }
       oT = t; oK = k; oC = c;
     } else {
-      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu]\n");
+      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu] [--marginals]\n");
       return 2;
     }
   }
@@ -322,6 +360,9 @@ int main(int argc, char** argv) {
     for (std::int64_t T : {10000, 100000, 400000})
       for (std::int64_t K : {100, 1000, 3000})
         for (std::int64_t C : {16, 24}) grid.push_back({T, K, C});
+  if (marginals)
+    return marginals_accuracy(oT ? grid : std::vector<std::array<std::int64_t, 3>>{{2000, 50, 8}, {10000, 100, 16},
+                                                                                  {10000, 1000, 24}, {20000, 1000, 8}});
   std::vector<Row> rows;
   if (!json && threads > 0) {
     std::printf("semicrf kernels alone, B = 1, fast path, f32, %d threads%s\n\n", threads, g_flat ? ", flat scores" : "");
