@@ -371,7 +371,7 @@ int main(int argc, char** argv) {
     std::printf("semicrf, B = 1, fast path, f32, %d threads%s\n\n", ad::semicrf::default_threads(),
                 g_flat ? ", flat scores" : "");
     std::printf("| T | K | C | I | forward s | backward s | fwd+bwd s | workspace MB (measured) | bound MB 4·(2√(TK)C+KC) | "
-                "per-seq values / bound | f64 fwd s | logZ f32 | logZ f32−f64 (rel) | naive f64 fwd+bwd s | naive / ours |\n");
+                "per-seq f32 elements / bound (a ring slot: 1.5) | f64 fwd s | logZ f32 | logZ f32−f64 (rel) | naive f64 fwd+bwd s | naive / ours |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (auto [T, K, C] : grid) {

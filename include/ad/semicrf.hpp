@@ -24,16 +24,14 @@
 // Shape and dtype errors throw ad::Error when the graph is built; invalid
 // lengths or segments (known only from the data) throw when the op runs.
 //
-// Precision (known defect, docs/design.md "Precision"): in f32 the fast path
-// (Tr (C, C)) stores its α/β rings in f32 relative to one base per label and
-// lap of min(K, T) positions, so each stored value carries an error of about
-// 2^-24 K (nats per position); logZ stays within ~4e-6 (relative), but the
-// marginals and the gradients w.r.t. S, which sum per-position differences
-// over the whole sequence, drift: max abs(f32 - f64) of the marginals was
-// 1e-4 at T = 2,000, K = 50; 1e-2 at T = 10,000, K = 1,000; 8e-2 with values
-// outside [0, 1] at T = 400,000, K = 3,000 (bench_semicrf --marginals,
-// docs/benchmarks.md). Use f64 where K is in the hundreds or more, or where
-// marginals must be probabilities; f64 costs about 2x the time and memory.
+// Precision (docs/design.md "Precision"): all sums over labels and positions
+// are f64. In f32 the CPU fast path (Tr (C, C)) keeps each α/β ring value as
+// an f32 plus its rounding error in bf16, so the marginals and the gradients
+// w.r.t. the scores (running sums over the whole sequence) stay within 1e-4
+// of f64 at T = 400,000, K = 3,000 (bench_semicrf --marginals). On a GPU the
+// f32 kernels still keep plain f32 rings, whose per-position errors add up
+// to about 8e-2 there (and values outside [0, 1]): take f64 on a GPU for K
+// in the hundreds or more.
 #include "ad/graph.hpp"
 
 namespace ad {

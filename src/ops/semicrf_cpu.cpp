@@ -16,8 +16,11 @@
 //
 // Precision. Ring values are stored in the input dtype relative to an f64
 // base per label and per lap of Ke positions (the first value of the lap), so
-// an f32 ring holds local differences, not values that grow like logZ. The
-// window max and the exp arguments are formed in the input dtype; window sums
+// an f32 ring holds local differences, not values that grow like logZ; they
+// still grow to Ke times the per-position rate, so an f32 slot also keeps
+// the value's rounding error as bf16 (ring_column, put) and the window adds
+// it back (docs/design.md, "Precision of the f32 rings"). The window max and
+// the exp arguments are formed in the input dtype; window sums
 // are accumulated per SIMD lane in the input dtype over at most K/16 terms
 // and then in f64; everything per position (bases, logsumexps over labels, α,
 // β, γ, logZ, marginals, gradient partial sums) is f64.
@@ -101,6 +104,8 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   const std::int64_t C = d.C, ke = y.ke;
   const std::int64_t re = d.general || pass == Pass::viterbi ? 8 : static_cast<std::int64_t>(d.esize);  // ring element
   const std::int64_t bk = re == 4 ? detail::kBlock<float> : detail::kBlock<double>;
+  // a ring column in elements: the fast path's f32 rings keep hi + lo (ring_column)
+  const std::int64_t rke = !d.general && pass != Pass::viterbi && re == 4 ? detail::ring_column<float>(ke) : ke;
   y.nblk = (ke + bk - 1) / bk;
   auto take = [](std::int64_t& cur, std::int64_t bytes) { std::int64_t o = cur; cur += detail::align64(bytes); return o; };
   std::int64_t sh = 0;
@@ -116,20 +121,20 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
   y.shared_bytes = sh;
   std::int64_t ln = 0;
   if (pass == Pass::logz) {
-    y.ck_ring = take(ln, C * ke * re);
+    y.ck_ring = take(ln, C * rke * re);
     if (!d.general) y.rbm_a = take(ln, 2 * C * y.nblk * re);
   } else if (pass == Pass::viterbi) {
     y.ck_ring = take(ln, C * ke * re);
     y.bk = take(ln, (d.T + 1) * C * 4);
     y.bc = take(ln, (d.T + 1) * C * 4);
   } else {
-    y.ck_ring_stride = detail::align64(C * ke * re);
+    y.ck_ring_stride = detail::align64(C * rke * re);
     y.ck_meta_stride = detail::align64(3 * C * 8 + 2 * C * y.nblk * re);
     y.ck_ring = take(ln, y.ck_ring_stride * y.slots);
     y.ck_meta = take(ln, y.ck_meta_stride * y.slots);
     y.ival = take(ln, y.I * C * re);
     y.nu = take(ln, y.I * 8);
-    y.bring = take(ln, C * ke * re);
+    y.bring = take(ln, C * rke * re);
     y.bbase = take(ln, 2 * C * 8);
     if (!d.general) {
       y.rbm_a = take(ln, 2 * C * y.nblk * re);
@@ -154,7 +159,9 @@ std::int64_t workspace_bytes(const Dims& d, Pass pass, int threads) { return det
 
 std::int64_t sequence_values(const Dims& d) {
   std::int64_t ke = d.ke(), I = interval(d.T, ke), n = checkpoints(d.T, I);
-  return std::max<std::int64_t>(n, 1) * ke * d.C + I * d.C + ke * d.C;
+  // f32 fast path: a ring slot is hi (f32) + lo (bf16), 1.5 elements
+  const std::int64_t col = !d.general && d.esize == 4 ? detail::ring_column<float>(ke) : ke;
+  return (std::max<std::int64_t>(n, 1) + 1) * col * d.C + I * d.C;
 }
 
 void check_lengths(const char* op, const Args& a) {
@@ -173,6 +180,7 @@ bool finite(double x) { return std::isfinite(x); }
 // (values stored relative to `base`) against D indices [k0, k0 + n).
 template <class E> struct Piece {
   const E* a = nullptr;    // ring column + slot0
+  const std::uint16_t* l = nullptr;  // its low parts (bf16 bits; f32 rings), or nullptr
   const E* d = nullptr;    // D column + k0
   std::int64_t n = 0, slot0 = 0, k0 = 0;
   double base = 0;
@@ -230,16 +238,29 @@ double window_max(const Piece<E>* pc, const E* dbm, WinBlock* blk, int& nb) {
 }
 // Σ e^{x + base − M} over the blocks that can contribute; with dd, also
 // dd[k] += e·f (dd indexed like D). Skipped terms are exactly 0 in exp_win.
+// Each piece's shift M − base is rounded to E; the sums are scaled back by
+// e^{shift − (M − base)} (and f with them), so the rounding, which for an f32
+// ring is an ulp of the lap's growth, does not reach the result.
 template <class E>
 double window_sum(const Piece<E>* pc, const WinBlock* blk, int nb, double M, E f, E* dd) {
+  E shift[2], fp[2];
+  double corr[2];
+  for (int p = 0; p < 2; ++p) {
+    const double sh = M - pc[p].base;
+    shift[p] = static_cast<E>(sh);
+    corr[p] = static_cast<double>(shift[p]) == sh ? 1.0 : std::exp(static_cast<double>(shift[p]) - sh);
+    fp[p] = static_cast<E>(static_cast<double>(f) * corr[p]);
+  }
   double sum = 0;
-  const E shift[2] = {static_cast<E>(M - pc[0].base), static_cast<E>(M - pc[1].base)};
   for (int j = 0; j < nb; ++j) {
     const WinBlock& b = blk[j];
     if (b.ub - M < detail::kSkipBelow<E>) continue;
     const Piece<E>& P = pc[b.piece];
-    if (dd) sum += win_sum_grad(P.a + b.i0, P.d + b.i0, b.i1 - b.i0, shift[b.piece], f, dd + P.k0 + b.i0);
-    else sum += win_sum(P.a + b.i0, P.d + b.i0, b.i1 - b.i0, shift[b.piece]);
+    const std::uint16_t* l = P.l ? P.l + b.i0 : nullptr;
+    const double part =
+        dd ? win_sum_grad(P.a + b.i0, l, P.d + b.i0, b.i1 - b.i0, shift[b.piece], fp[b.piece], dd + P.k0 + b.i0)
+           : win_sum(P.a + b.i0, l, P.d + b.i0, b.i1 - b.i0, shift[b.piece]);
+    sum += part * corr[b.piece];
   }
   return sum;
 }
@@ -307,6 +328,23 @@ template <class E> struct FastSeq {
   void sync() const { bar->wait(); }
   double Sv(std::int64_t t, std::int64_t c) const { return static_cast<double>(Sb[t * X.C + c]); }
 
+  // A ring column per label: ke slots, then (f32) their ke low parts as bf16.
+  std::int64_t rke() const { return detail::ring_column<E>(X.ke); }
+  const std::uint16_t* low(const E* col) const {
+    if constexpr (sizeof(E) == 4) return reinterpret_cast<const std::uint16_t*>(col + X.ke);
+    return nullptr;
+  }
+  // x (a difference from the lap's base, in f64) into slot i of column col:
+  // hi = x rounded, and for f32 lo = the rest, in bf16 (0 where x is not finite)
+  E put(E* col, std::int64_t i, double x) const {
+    const E v = static_cast<E>(x);
+    col[i] = v;
+    if constexpr (sizeof(E) == 4)
+      reinterpret_cast<std::uint16_t*>(col + X.ke)[i] =
+          finite(x) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(v))) : std::uint16_t(0);
+    return v;
+  }
+
   // ---- α ----
   // ring slot of position s: reversed, so the window t-1, t-2, ... runs upward
   std::int64_t aslot(std::int64_t s) const { return X.ke - 1 - s % X.ke; }
@@ -315,8 +353,7 @@ template <class E> struct FastSeq {
     std::int64_t lap = t / X.ke;
     double& bs = base[(lap & 1) * X.C + c];
     if (t % X.ke == 0 && finite(at_)) bs = at_;
-    E v = static_cast<E>(at_ - bs);
-    ring[c * X.ke + aslot(t)] = v;
+    E v = put(ring + c * rke(), aslot(t), at_ - bs);
     block_max(rbm_a(lap, c), aslot(t), v, false);
   }
   void init_aring(E* ring) const {
@@ -325,8 +362,7 @@ template <class E> struct FastSeq {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
       base[c] = finite(a0) ? a0 : 0.0;
       base[X.C + c] = 0.0;
-      E v = static_cast<E>(a0 - base[c]);
-      ring[c * X.ke + aslot(0)] = v;
+      E v = put(ring + c * rke(), aslot(0), a0 - base[c]);
       block_max(rbm_a(0, c), aslot(0), v, true);
     }
   }
@@ -336,11 +372,13 @@ template <class E> struct FastSeq {
     std::int64_t m = std::min(X.ke, t), r = (t - 1) % X.ke, p1 = std::min(m, r + 1);
     std::int64_t lap = (t - 1) / X.ke;
     for (std::int64_t c = lo; c < hi; ++c) {
-      const E* col = ring + c * X.ke;
+      const E* col = ring + c * rke();
+      const std::uint16_t* cl = low(col);
       const E* dc = X.Dt + c * X.ke;
       Piece<E> pc[2];
-      pc[0] = {col + (X.ke - 1 - r), dc, p1, X.ke - 1 - r, 0, base[(lap & 1) * X.C + c], rbm_a(lap, c)};
-      pc[1] = {col, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_a(lap + 1, c)};
+      pc[0] = {col + (X.ke - 1 - r), cl ? cl + (X.ke - 1 - r) : nullptr, dc, p1, X.ke - 1 - r, 0,
+               base[(lap & 1) * X.C + c], rbm_a(lap, c)};
+      pc[1] = {col, cl, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_a(lap + 1, c)};
       int nb = 0;
       double M = window_max(pc, X.dbm + c * Y.nblk, blocks(), nb);
       if (M == kNegInf) { row[c] = kNegInf; continue; }
@@ -407,7 +445,7 @@ template <class E> struct FastSeq {
         E* dst = ck_ring(j - 1);
         double* meta = ck_meta(j - 1);
         for (std::int64_t c = lo; c < hi; ++c) {
-          std::memcpy(dst + c * X.ke, ring + c * X.ke, static_cast<std::size_t>(X.ke) * sizeof(E));
+          std::memcpy(dst + c * rke(), ring + c * rke(), static_cast<std::size_t>(rke()) * sizeof(E));
           meta[c] = abase()[c];
           meta[X.C + c] = abase()[X.C + c];
           meta[2 * X.C + c] = row[c];
@@ -432,8 +470,7 @@ template <class E> struct FastSeq {
   void write_bring(std::int64_t s, std::int64_t c, double v) const {
     double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
     if ((s == L || s % X.ke == X.ke - 1) && finite(v)) bs = v;
-    E x = static_cast<E>(v - bs);
-    bring()[c * X.ke + s % X.ke] = x;
+    E x = put(bring() + c * rke(), s % X.ke, v - bs);
     block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
   // γ[s, own c], start marginals, dD and dTr contributions (s < L)
@@ -443,11 +480,12 @@ template <class E> struct FastSeq {
     std::int64_t lap = (s + 1) / X.ke;
     double* gr = gam(s);
     for (std::int64_t c = lo; c < hi; ++c) {
-      const E* col = bring() + c * X.ke;
+      const E* col = bring() + c * rke();
+      const std::uint16_t* cl = low(col);
       const E* dc = X.Dt + c * X.ke;
       Piece<E> pc[2];
-      pc[0] = {col + p0, dc, p1, p0, 0, base[(lap & 1) * X.C + c], rbm_b(lap, c)};
-      pc[1] = {col, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_b(lap + 1, c)};
+      pc[0] = {col + p0, cl ? cl + p0 : nullptr, dc, p1, p0, 0, base[(lap & 1) * X.C + c], rbm_b(lap, c)};
+      pc[1] = {col, cl, dc + p1, m - p1, 0, p1, base[((lap + 1) & 1) * X.C + c], rbm_b(lap + 1, c)};
       int nb = 0;
       double M = window_max(pc, X.dbm + c * Y.nblk, blocks(), nb);
       double Ac = A()[c], Ssc = Sv(s, c);

@@ -38,7 +38,9 @@ int default_threads();
 std::int64_t workspace_bytes(const Dims& d, Pass pass, int threads);
 // Working memory of one sequence in the backward pass in values (elements of
 // the ring dtype): checkpoints + interval buffer + β ring, the quantity the
-// design bounds by 2·√(T·K)·C + K·C (+ O(C) per checkpoint / position bases).
+// design bounds by 2·√(T·K)·C + K·C slots (+ O(C) per checkpoint / position
+// bases). An f32 fast-path ring slot is 1.5 elements (hi f32 + lo bf16), so
+// in f32 elements the count is at most 1.5·(2·√(T·K)·C + K·C).
 std::int64_t sequence_values(const Dims& d);
 
 struct Args {
@@ -105,10 +107,17 @@ Layout make_layout(const Dims& d, Pass pass, int threads);
 // max x; Σ e^{x − shift}; and the same sum while adding e·f to dd[i].
 float win_max(const float* a, const float* d, std::int64_t n);
 double win_max(const double* a, const double* d, std::int64_t n);
-double win_sum(const float* a, const float* d, std::int64_t n, float shift);
-double win_sum(const double* a, const double* d, std::int64_t n, double shift);
-double win_sum_grad(const float* a, const float* d, std::int64_t n, float shift, float f, float* dd);
-double win_sum_grad(const double* a, const double* d, std::int64_t n, double shift, double f, double* dd);
+// lo: the ring values' low parts as bf16 bits (f32 rings), or nullptr
+double win_sum(const float* a, const std::uint16_t* lo, const float* d, std::int64_t n, float shift);
+double win_sum(const double* a, const std::uint16_t* lo, const double* d, std::int64_t n, double shift);
+double win_sum_grad(const float* a, const std::uint16_t* lo, const float* d, std::int64_t n, float shift, float f,
+                    float* dd);
+double win_sum_grad(const double* a, const std::uint16_t* lo, const double* d, std::int64_t n, double shift, double f,
+                    double* dd);
+// A ring column of ke slots, in elements of E: an f32 ring keeps each value
+// as hi (f32) + lo (bf16, the rounding error of hi: 6 bytes a slot), the lo
+// parts after the ke hi parts; an f64 ring keeps the value alone.
+template <class E> constexpr std::int64_t ring_column(std::int64_t ke) { return sizeof(E) == 4 ? ke + (ke + 1) / 2 : ke; }
 // Window blocks: ring slots and k are grouped in blocks of kBlock; a block's
 // upper bound (its ring maximum + the D maximum over its k range) lets the
 // windowed logsumexp skip blocks whose terms are all exactly 0 in exp_win.

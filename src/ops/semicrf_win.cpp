@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ad/dtype.hpp"
 #include "core/vec.hpp"
 #include "ops/semicrf_cpu.hpp"
 #include "ops/semicrf_math.hpp"
@@ -90,37 +91,49 @@ template <class E>
   return wide_vectors() ? max_lanes<E, 64>(a, d, n) : max_lanes<E, 32>(a, d, n);
 }
 
-// Σ exp_win(a + d − shift), per lane in E, lanes combined in f64 in a fixed order.
-template <class E, bool Grad, int VB>
-[[gnu::always_inline]] inline double sum_lanes(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
-                                               E f, E* __restrict dd) {
+// Σ exp_win((a − shift) + d [+ lo]), per lane in E, lanes combined in f64 in a
+// fixed order. a − shift first: the ring value and the shift are the large
+// numbers (up to the lap's growth, hundreds of nats) and nearly cancel for the
+// terms that count, so their difference is exact (Sterbenz) and d and lo, the
+// small ones, are added to it (a + d first rounded at a's size). lo: the ring
+// value's low part as bf16 bits (f32 rings hold hi + lo: docs/design.md
+// "Precision").
+template <class E, bool Grad, bool Lo, int VB>
+[[gnu::always_inline]] inline double sum_lanes(const E* __restrict a, const std::uint16_t* __restrict lo_part,
+                                               const E* __restrict d, std::int64_t n, E shift, E f, E* __restrict dd) {
   constexpr int W = kW<E>;
   using L = Lanes<E, VB>;
   const E lo = sizeof(E) == 4 ? E(-88) : E(-708);
+  auto x = [&](std::int64_t j) {
+    E v = static_cast<E>(a[j] - shift) + d[j];
+    if constexpr (Lo) v += static_cast<E>(bf16_to_f32(lo_part[j]));
+    return v;
+  };
   E s[W];
   for (int l = 0; l < W; ++l) s[l] = E(0);
   std::int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
     // a group of 4W terms all below exp_win's zero threshold adds exactly 0: skip it
+    // (the high parts decide: a low part is below an ulp of its high part)
     const L x01 = L::max(L::sum(a + i + W, d + i + W), L::sum(a + i, d + i));
     const L x23 = L::max(L::sum(a + i + 3 * W, d + i + 3 * W), L::sum(a + i + 2 * W, d + i + 2 * W));
-    if (!L::max(x23, x01).any_at_least(shift, lo)) continue;
+    if (!L::max(x23, x01).any_at_least(shift, lo - E(1))) continue;
     for (int u = 0; u < 4 * W; u += W)
       for (int l = 0; l < W; ++l) {
-        E e = exp_win(static_cast<E>(a[i + u + l] + d[i + u + l]) - shift);
+        E e = exp_win(x(i + u + l));
         s[l] += e;
         if constexpr (Grad) dd[i + u + l] += e * f;
       }
   }
   for (; i + W <= n; i += W)
     for (int l = 0; l < W; ++l) {
-      E e = exp_win(static_cast<E>(a[i + l] + d[i + l]) - shift);
+      E e = exp_win(x(i + l));
       s[l] += e;
       if constexpr (Grad) dd[i + l] += e * f;
     }
   double r = 0;
   for (; i < n; ++i) {
-    E e = exp_win(static_cast<E>(a[i] + d[i]) - shift);
+    E e = exp_win(x(i));
     r += static_cast<double>(e);
     if constexpr (Grad) dd[i] += e * f;
   }
@@ -128,27 +141,34 @@ template <class E, bool Grad, int VB>
   return r;
 }
 template <class E, bool Grad>
-[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const E* __restrict d, std::int64_t n, E shift,
-                                              E f, E* __restrict dd) {
-  return wide_vectors() ? sum_lanes<E, Grad, 64>(a, d, n, shift, f, dd) : sum_lanes<E, Grad, 32>(a, d, n, shift, f, dd);
+[[gnu::always_inline]] inline double sum_body(const E* __restrict a, const std::uint16_t* __restrict lo,
+                                              const E* __restrict d,
+                                              std::int64_t n, E shift, E f, E* __restrict dd) {
+  if (lo)
+    return wide_vectors() ? sum_lanes<E, Grad, true, 64>(a, lo, d, n, shift, f, dd)
+                          : sum_lanes<E, Grad, true, 32>(a, lo, d, n, shift, f, dd);
+  return wide_vectors() ? sum_lanes<E, Grad, false, 64>(a, lo, d, n, shift, f, dd)
+                        : sum_lanes<E, Grad, false, 32>(a, lo, d, n, shift, f, dd);
 }
 }  // namespace
 
 AD_SEMICRF_CLONES float win_max(const float* a, const float* d, std::int64_t n) { return max_body(a, d, n); }
 AD_SEMICRF_CLONES double win_max(const double* a, const double* d, std::int64_t n) { return max_body(a, d, n); }
-AD_SEMICRF_CLONES double win_sum(const float* a, const float* d, std::int64_t n, float shift) {
-  return sum_body<float, false>(a, d, n, shift, 0.0f, nullptr);
+AD_SEMICRF_CLONES double win_sum(const float* a, const std::uint16_t* lo, const float* d, std::int64_t n,
+                                  float shift) {
+  return sum_body<float, false>(a, lo, d, n, shift, 0.0f, nullptr);
 }
-AD_SEMICRF_CLONES double win_sum(const double* a, const double* d, std::int64_t n, double shift) {
-  return sum_body<double, false>(a, d, n, shift, 0.0, nullptr);
+AD_SEMICRF_CLONES double win_sum(const double* a, const std::uint16_t* lo, const double* d, std::int64_t n,
+                                  double shift) {
+  return sum_body<double, false>(a, lo, d, n, shift, 0.0, nullptr);
 }
-AD_SEMICRF_CLONES double win_sum_grad(const float* a, const float* d, std::int64_t n, float shift, float f,
-                                      float* dd) {
-  return sum_body<float, true>(a, d, n, shift, f, dd);
+AD_SEMICRF_CLONES double win_sum_grad(const float* a, const std::uint16_t* lo, const float* d, std::int64_t n,
+                                      float shift, float f, float* dd) {
+  return sum_body<float, true>(a, lo, d, n, shift, f, dd);
 }
-AD_SEMICRF_CLONES double win_sum_grad(const double* a, const double* d, std::int64_t n, double shift, double f,
-                                      double* dd) {
-  return sum_body<double, true>(a, d, n, shift, f, dd);
+AD_SEMICRF_CLONES double win_sum_grad(const double* a, const std::uint16_t* lo, const double* d, std::int64_t n,
+                                      double shift, double f, double* dd) {
+  return sum_body<double, true>(a, lo, d, n, shift, f, dd);
 }
 
 }  // namespace ad::semicrf::detail
