@@ -257,11 +257,13 @@ AD_HD Cplx resolvent_backward_sweep_complex(std::int64_t N, const T* d, const T*
   int m = 0;
   {
     double big = 0;
-    for (std::int64_t i = 0; i < N; ++i)
-      for (double v : {r[i].re, r[i].im, s[i].re, s[i].im}) {
+    for (std::int64_t i = 0; i < N; ++i) {
+      const double parts[4] = {r[i].re, r[i].im, s[i].re, s[i].im};
+      for (double v : parts) {
         const double a = v < 0 ? -v : v;
         if (resolvent_finite(a) && a > big) big = a;
       }
+    }
     if (big > 0) std::frexp(big, &m);
   }
   auto scaled = [&](Cplx w) { return Cplx{std::ldexp(w.re, -m), std::ldexp(w.im, -m)}; };
