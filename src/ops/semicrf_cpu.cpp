@@ -348,21 +348,30 @@ template <class E> struct FastSeq {
   // ---- α ----
   // ring slot of position s: reversed, so the window t-1, t-2, ... runs upward
   std::int64_t aslot(std::int64_t s) const { return X.ke - 1 - s % X.ke; }
+  // A lap's base is its first finite value (NaN until there is one: the
+  // values before it are -inf, whatever the base). Taking the lap's first
+  // value only, a lap starting at -inf (lengths restricted by -inf in D)
+  // kept an old base, and its values grew like logZ again.
+  static void rebase(double& bs, bool lap_start, double x) {
+    if (lap_start) bs = finite(x) ? x : std::numeric_limits<double>::quiet_NaN();
+    else if (bs != bs && finite(x)) bs = x;
+  }
+  static double from_base(double x, double bs) { return finite(x) ? x - bs : x; }
   void write_aring(E* ring, std::int64_t t, std::int64_t c, double at_) const {
     double* base = abase();
     std::int64_t lap = t / X.ke;
     double& bs = base[(lap & 1) * X.C + c];
-    if (t % X.ke == 0 && finite(at_)) bs = at_;
-    E v = put(ring + c * rke(), aslot(t), at_ - bs);
+    rebase(bs, t % X.ke == 0, at_);
+    E v = put(ring + c * rke(), aslot(t), from_base(at_, bs));
     block_max(rbm_a(lap, c), aslot(t), v, false);
   }
   void init_aring(E* ring) const {
     double* base = abase();
     for (std::int64_t c = lo; c < hi; ++c) {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
-      base[c] = finite(a0) ? a0 : 0.0;
+      rebase(base[c], true, a0);
       base[X.C + c] = 0.0;
-      E v = put(ring + c * rke(), aslot(0), a0 - base[c]);
+      E v = put(ring + c * rke(), aslot(0), from_base(a0, base[c]));
       block_max(rbm_a(0, c), aslot(0), v, true);
     }
   }
@@ -469,8 +478,8 @@ template <class E> struct FastSeq {
   // ---- β ----
   void write_bring(std::int64_t s, std::int64_t c, double v) const {
     double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
-    if ((s == L || s % X.ke == X.ke - 1) && finite(v)) bs = v;
-    E x = put(bring() + c * rke(), s % X.ke, v - bs);
+    rebase(bs, s == L || s % X.ke == X.ke - 1, v);
+    E x = put(bring() + c * rke(), s % X.ke, from_base(v, bs));
     block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
   // γ[s, own c], start marginals, dD and dTr contributions (s < L)
