@@ -593,6 +593,42 @@ TEST_CASE("executor: a leaf written after the graph computed from it makes those
     CHECK(again == l2.value().item());
     check_bitwise(g_again, grads_of(m.params()));
   }
+  // a gradient buffer given to another graph as an input: the next backward writes the gradient
+  // into it through a kernel's raw() (slice's backward, after zero_grad); the executor marks every
+  // output it computes as written, so the other graph recomputes (it kept 2 instead of 10)
+  {
+    ad::Parameter p(ad::Tensor::full({4}, 1.0, DType::f64), "p");
+    ad::Tensor c = ad::Tensor::full({2}, 1.0, DType::f64);
+    {
+      ad::Graph g;
+      ad::backward(ad::sum(ad::mul(ad::slice(g.param(p), 0, 0, 2), g.input(c))));
+    }
+    ad::Graph monitor;
+    Var gsum = ad::sum(monitor.input(p.grad()));
+    CHECK(gsum.value().item() == 2.0);
+    p.zero_grad();
+    c.fill(5.0);
+    {
+      ad::Graph g;
+      ad::backward(ad::sum(ad::mul(ad::slice(g.param(p), 0, 0, 2), g.input(c))));
+    }
+    CHECK(gsum.value().item() == 10.0);
+  }
+  // a run that throws (a Parameter of another shape) loses no write found before the error
+  {
+    ad::Graph g;
+    ad::Tensor x = ad::Tensor::full({2}, 1.0, DType::f64);
+    ad::Parameter w(ad::Tensor::full({2}, 1.0, DType::f64), "w");
+    Var xv = g.input(x);  // the input's leaf before the parameter's: it is refreshed first
+    Var s = ad::sum(ad::mul(xv, g.param(w)));
+    CHECK(s.value().item() == 2.0);
+    x.fill(10.0);
+    ad::Tensor keep = w.value();
+    w.value() = ad::Tensor::full({3}, 1.0, DType::f64);
+    CHECK_THROWS_AS(s.value(), ad::Error);
+    w.value() = keep;
+    CHECK(s.value().item() == 20.0);
+  }
   // a Parameter given another tensor: the graph follows it; another shape is an error
   {
     ad::Graph g;

@@ -34,6 +34,7 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
   }
   if (v.is_cuda()) cuda_rt::add_into(s.grad, v);
   else kernels::add_into(s.grad, v);
+  s.grad.mark_modified();  // written through raw() (GraphImpl::refresh_leaves)
 }
 
 // Runs one schedule. With a budget (Schedule::budget_bytes > 0) it also
@@ -324,6 +325,9 @@ class Runner {
       t0 = trace_->now_us();
     }
     kernel(a);
+    // kernels write through raw(): tell graphs holding this storage as a leaf
+    // (a gradient buffer given to Graph::input, say) that it changed
+    if (!def.view) out.mark_modified();
     if (victim) *victim = Tensor{};  // overwritten: the input's value is gone (its free step is a no-op)
     if (dst) {
       dst->grad = out;

@@ -67,27 +67,31 @@ std::int32_t GraphImpl::add_node(Node n) {
 }
 
 void GraphImpl::refresh_leaves() {
-  bool stale = false;
+  // every check first: an error leaves the graph as it was (a write found
+  // before it is still found by the next run)
+  for (std::int32_t id : leaves) {
+    const Node& n = node(id);
+    if (!n.param) continue;
+    const Tensor& cur = n.param->value;
+    const Meta m{cur.shape(), cur.dtype(), cur.device()};
+    if (!(m.shape == n.meta.shape) || m.dtype != n.meta.dtype || !(m.device == n.meta.device))
+      throw Error(fmt::format("Graph: parameter {} is now {}{} on {} but was {}{} on {} when this graph was built; "
+                              "build a new graph",
+                              n.param->name.empty() ? std::string("(unnamed)") : "'" + n.param->name + "'",
+                              dtype_name(m.dtype), m.shape.str(), device::name(m.device), dtype_name(n.meta.dtype),
+                              n.meta.shape.str(), device::name(n.meta.device)));
+  }
   std::vector<char> dirty;
   auto mark = [&](std::int32_t id) {
     if (dirty.empty()) dirty.assign(nodes.size(), 0);
     dirty[static_cast<std::size_t>(id)] = 1;
-    stale = true;
   };
   for (std::int32_t id : leaves) {
     Node& n = node(id);
     if (n.param) {
       const Tensor& cur = n.param->value;
-      if (!cur.same_storage(n.value) || cur.storage_offset() != n.value.storage_offset() ||
-          !(cur.shape() == n.value.shape()) || cur.dtype() != n.value.dtype()) {
-        const Meta m{cur.shape(), cur.dtype(), cur.device()};
-        if (!(m.shape == n.meta.shape) || m.dtype != n.meta.dtype || !(m.device == n.meta.device))
-          throw Error(fmt::format("Graph: parameter {} is now {}{} on {} but was {}{} on {} when this graph was built; "
-                                  "build a new graph",
-                                  n.param->name.empty() ? std::string("(unnamed)") : "'" + n.param->name + "'",
-                                  dtype_name(m.dtype), m.shape.str(), device::name(m.device),
-                                  dtype_name(n.meta.dtype), n.meta.shape.str(), device::name(n.meta.device)));
-        n.value = cur;
+      if (!cur.same_storage(n.value) || cur.storage_offset() != n.value.storage_offset()) {
+        n.value = cur;  // the Parameter holds another tensor (same meta: checked above)
         if (n.seen) mark(id);
       }
     }
@@ -96,7 +100,7 @@ void GraphImpl::refresh_leaves() {
     n.seen_version = v;
     n.seen = true;
   }
-  if (!stale) return;
+  if (dirty.empty()) return;
   for (std::size_t id = 0; id < nodes.size(); ++id) {
     Node& n = nodes[id];
     if (dirty[id]) continue;  // a leaf

@@ -129,6 +129,7 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
       if (reached[k] > 0) {  // some rank's loss reached it: the mean over the ranks
         if (!s.grad.defined()) s.grad = Tensor::zeros(s.value.shape(), s.value.dtype()).to(s.value.device());
         device::copy(s.grad.raw(), s.grad.device(), src, fl[b].flat.device(), n);
+        s.grad.mark_modified();  // graphs holding it as a leaf recompute (refresh_leaves)
         s.grad_zero = false;  // overwritten with the mean
         s.grad_fresh = true;
       }
