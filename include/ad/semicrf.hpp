@@ -28,7 +28,11 @@
 // are f64. In f32 the CPU fast path (Tr (C, C)) keeps each α/β ring value as
 // an f32 plus its rounding error in bf16, so the marginals and the gradients
 // w.r.t. the scores (running sums over the whole sequence) stay within 1e-4
-// of f64 at T = 400,000, K = 3,000 (bench_semicrf --marginals). On a GPU the
+// of f64 at T = 400,000, K = 3,000 (bench_semicrf --marginals) for scores
+// of scale 1. The rest error is relative to the ring values' size (K times
+// the per-position growth, which grows with the scores' scale): with scores
+// of scale 1e2 the f32 marginals drift by 3.7e-3 at T = 100,000, K = 52, and
+// by 0.28 at scale 1e4 (values outside [0, 1]): take f64 there. On a GPU the
 // f32 kernels still keep plain f32 rings, whose per-position errors add up
 // to about 8e-2 there (and values outside [0, 1]): take f64 on a GPU for K
 // in the hundreds or more.
@@ -48,7 +52,7 @@ Var semicrf_cumulative(const Operand& scores);
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
 // pass produces all four gradients). The backward pass's checkpoints, interval
 // buffer and β ring take at most 2·√(T·K)·C + K·C values per sequence in
-// flight; besides them it holds parameter-sized buffers (D transposed, dD
+// flight (an f32 ring value takes 6 bytes, hi + a bf16 lo: see Precision); besides them it holds parameter-sized buffers (D transposed, dD
 // partial sums) and O(C) per checkpoint and interval row. All of it is the
 // op's workspace, counted by the graph's allocator; see docs/design.md.
 Var semicrf_logz(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);

@@ -42,7 +42,11 @@ Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand&
 // pivot: T should be diagonally dominant or otherwise LU-stable), or when the
 // capacitance matrix C = I + V^T T^-1 U is singular to working precision
 // (||C^-1||_1 (1 + ||V^T T^-1 U||_1) u >= 0.1, u = 2^-24 for f32, 2^-53 for
-// f64: past that the solution has no correct digit).
+// f64: past that the solution has no correct digit). The estimate takes the
+// error of forming S = V^T T^-1 U as u (1 + ||S||); where S's sums cancel
+// (terms far larger than S) it is larger, and a numerically singular H can
+// pass: H = T + u v^T with v^T T^-1 u = -1 built from random vectors at
+// N >= 1000 returned y ~ 1e15 (a known gap).
 Var semiseparable_solve(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
                         const Operand& u, const Operand& v);
 
