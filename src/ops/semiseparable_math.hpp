@@ -104,6 +104,20 @@ AD_HD int resolvent_scale_exponent(std::int64_t N, const double* r, const double
 AD_HD double resolvent_coupling_sq(double x, double up, double lo, double w) {
   return (up == 0 || lo == 0) ? 0.0 : (x * (up / w)) * (lo / w);
 }
+// The last step of both backward sweeps: gu holds dL'/de_i' on T / 2^m; it
+// becomes dL/dup_i = e lo_i and gl dL/dlo_i = e up_i, at T's scale.
+template <class T>
+AD_HD void resolvent_split_coupling(std::int64_t N, const T* up, const T* lo, int m, double* gu, double* gl) {
+  for (std::int64_t i = 0; i < N; ++i) {
+    if (i + 1 < N) {
+      const double e = gu[i];
+      gu[i] = std::ldexp(e * std::ldexp(static_cast<double>(lo[i]), -m), -2 * m);
+      gl[i] = std::ldexp(e * std::ldexp(static_cast<double>(up[i]), -m), -2 * m);
+    } else {
+      gu[i] = gl[i] = 0;
+    }
+  }
+}
 // Reverse mode of one shift, given its ratios r, s and the cotangent dg of
 // G_i = 1 / D_i, D_i = r_i + s_i - a_i: Dbar_i = -dg_i G_i^2;
 // rbar_i = Dbar_i + rbar_{i+1} e_i / r_i^2, sbar_i = Dbar_i + sbar_{i-1} e_{i-1} / s_i^2;
@@ -146,14 +160,8 @@ AD_HD double resolvent_backward_sweep(std::int64_t N, const T* d, const T* up, c
   for (std::int64_t i = 0; i < N; ++i) {
     ab[i] = std::ldexp(ab[i], -2 * m);
     sz += ab[i];
-    if (i + 1 < N) {
-      const double e = eb[i];
-      gu[i] = std::ldexp(e * L(i), -2 * m);
-      gl[i] = std::ldexp(e * U(i), -2 * m);
-    } else {
-      gu[i] = gl[i] = 0;
-    }
   }
+  resolvent_split_coupling(N, up, lo, m, gu, gl);
   return -sz;
 }
 // Row i of the resolvent backward's band gradients: the per-shift partials
@@ -304,14 +312,8 @@ AD_HD Cplx resolvent_backward_sweep_complex(std::int64_t N, const T* d, const T*
   for (std::int64_t i = 0; i < N; ++i) {
     ab[i] = Cplx{std::ldexp(ab[i].re, -2 * m), std::ldexp(ab[i].im, -2 * m)};
     sz = sz + ab[i];
-    if (i + 1 < N) {
-      const double e = eb[i];
-      gu[i] = std::ldexp(e * L(i), -2 * m);
-      gl[i] = std::ldexp(e * U(i), -2 * m);
-    } else {
-      gu[i] = gl[i] = 0;
-    }
   }
+  resolvent_split_coupling(N, up, lo, m, gu, gl);
   return sz;
 }
 // Row i of the complex resolvent backward's band gradients: per shift k,
