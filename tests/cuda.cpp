@@ -356,19 +356,37 @@ double max_rel_to_max(const Tensor& a, const Tensor& b) {
   }
   return worst / std::max(scale, 1e-300);
 }
-// One case on the GPU against the CPU: output and every gradient within
-// 1e-10 (f64) or 1e-5 (f32) of the largest value, predicted == measured peak
-// on the device; grads >= 0: the number of gradients both must have.
+// One case on the GPU against the CPU, each value measured relative to the
+// largest: in f64 the output and every gradient within 1e-10 of the CPU's; in
+// f32 within 1e-5 of the CPU's or as accurate as the CPU's against the CPU's
+// f64 result (f32_as_accurate's bound: an ill-conditioned tridiagonal system
+// at N = 5,000 puts both near 1e-5);
+// predicted == measured peak on the device; grads >= 0: the number of
+// gradients both must have.
 void check_gpu_matches_cpu(const GradCase& c, DType t, std::uint64_t seed, std::ptrdiff_t grads = -1) {
   Run cpu = run_case(c, Device::cpu(), t, seed), gpu_run = run_case(c, Device::cuda(0), t, seed);
   REQUIRE(gpu_run.covered);
   REQUIRE(gpu_run.grads.size() == cpu.grads.size());
   if (grads >= 0) REQUIRE(cpu.grads.size() == static_cast<std::size_t>(grads));
-  const double tol = t == DType::f64 ? 1e-10 : 1e-5;
-  CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= tol);
-  for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
-    INFO("gradient of input " << i);
-    CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= tol);
+  if (t == DType::f64) {
+    CHECK(max_rel_to_max(gpu_run.out, cpu.out) <= 1e-10);
+    for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+      INFO("gradient of input " << i);
+      CHECK(max_rel_to_max(gpu_run.grads[i], cpu.grads[i]) <= 1e-10);
+    }
+  } else {
+    const Run ref = run_case(c, Device::cpu(), DType::f64, seed);
+    REQUIRE(ref.grads.size() == cpu.grads.size());
+    auto near = [](const Tensor& g, const Tensor& h, const Tensor& f) {
+      const double d = max_rel_to_max(g, h), eg = max_rel_to_max(g, f), ec = max_rel_to_max(h, f);
+      INFO("GPU - CPU " << d << "; f32 error against f64: GPU " << eg << ", CPU " << ec);
+      CHECK((d <= 1e-5 || eg <= 4 * ec + 1e-6));
+    };
+    near(gpu_run.out, cpu.out, ref.out);
+    for (std::size_t i = 0; i < cpu.grads.size(); ++i) {
+      INFO("gradient of input " << i);
+      near(gpu_run.grads[i], cpu.grads[i], ref.grads[i]);
+    }
   }
   CHECK(gpu_run.measured == gpu_run.predicted);
 }
@@ -398,8 +416,7 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                   {1, 1030, 64, 32, 0, true},   {1, 70, 4, 1, 0, false},    {1, 70, 4, 1, 0, true},
                   // the one-pass causal kernel (D a power of two from 8): odd r, D = 8 and 32, many chunks
                   {2, 5000, 8, 7, 0, true},     {1, 3000, 32, 3, 0, true},  {1, 9000, 16, 22, 0, true},
-                  // many chunks in three batches: the scanner variants' prefixes restart at each batch
-                  // (added after the last GPU run: not yet run on one)
+                  // many chunks in three batches: the look-back stops at each batch's first chunk
                   {3, 20000, 16, 22, 0, true}};
   for (const M& m : ms) {
     const bool causal = m.causal;
@@ -430,9 +447,8 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                     uniform64({4, 2}, rng, -0.5, 0.5)},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
-  // default, the first tiled, the warp-level, the staged ones, those with bulk copies, and the causal
-  // one-pass kernel with scanner blocks, chunks for two or three blocks per multiprocessor): all run
-  for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
+  // default, the first tiled, the warp-level, the staged ones, those with bulk copies): all run
+  for (int variant : {0, 1, 2, 3, 4}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];

@@ -386,8 +386,7 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
              v = on_gpu(N * r, 1.0 / std::sqrt(static_cast<double>(N)));
   ad::semisep::Dims dm = ad::semisep::make_dims(B, N, D, r, 0);
   const i64 ws_elems = (std::max({static_cast<i64>(ad::semisep::matvec_ws_bytes(dm, sizeof(float))),
-                                  ad::cuda_k::semisep_plan::staged_scan_ws_bytes(B, N, D, r),
-                                  ad::cuda_k::semisep_plan::staged_scan_ws_bytes(B, N, D, r, 3)}) +
+                                  ad::cuda_k::semisep_plan::staged_scan_ws_bytes(B, N, D, r)}) +
                         3) /
                        4;
   ad::Tensor ws = ad::Tensor::zeros({std::max<i64>(1, ws_elems)}).to(dev);
@@ -414,12 +413,10 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
       throw ad::Error("bench_semiseparable: cudaMemcpy failed");
   });
   // variants: 0 the op's default, 1 the first tiled kernels, 2 the warp-level ones, 3 the staged ones,
-  // 4 the staged ones with bulk copies, 5 and 6 the one-pass causal kernel with scanner blocks (6: chunks
-  // for three blocks per multiprocessor; the full product as 3)
-  constexpr int kV = 7;
+  // 4 the staged ones with bulk copies
+  constexpr int kV = 5;
   const char* vname[kV] = {"", ", first tiled kernels", ", warp-level kernels", ", staged kernels",
-                           ", staged kernels, bulk copies", ", staged, causal with scanners",
-                           ", staged, causal with scanners, 3 blocks/SM"};
+                           ", staged kernels, bulk copies"};
   double t_full[kV], t_causal[kV];
   for (int vi = 0; vi < kV; ++vi) {
     t_full[vi] = gpu_time(matvec(false, vi));

@@ -150,12 +150,10 @@ struct SemisepDims {
 // y = H x (causal: its lower triangle). ws: B * chunks * r * D elements
 // (chunk sums; non-causal: V^T x per b at ws + b * chunks * r * D); causal
 // f32 with the staged kernels: at least semisep_plan::staged_scan_ws_bytes
-// (with per_sm 3 for variant 6).
 // r <= 32 and D <= 256 take the tiled kernels. variant (see
 // semisep::set_gpu_matvec_variant): 1 the first tiled ones only, 2 the
 // warp-level ones where they apply, 3 the staged ones (f32) where they apply,
-// 4 and 0 the staged ones with bulk copies, 5 and 6 experimental scanner
-// forms of the one-pass causal kernel (semiseparable.cu); upto (the tiled kernels only):
+// 4 and 0 the staged ones with bulk copies (semiseparable.cu); upto (the tiled kernels only):
 // 1 stops after the chunk sums, 2 after combining them, 3 runs all (the
 // benchmark times the stages by difference; y is not formed before 3; the
 // one-pass causal kernel runs only at 3).

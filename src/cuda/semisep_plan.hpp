@@ -126,14 +126,11 @@ inline StagedRows staged_rows(std::int64_t r, std::int64_t D) {
 // v, u, d and lo are copied to shared memory once, up front: phase 1 (the
 // sub-chunk sums) waits for x and v only, u arrives behind it, and phase 2
 // (the scan) reads shared memory only. Between the phases the chunk publishes
-// its sum and finds its exclusive prefix (flags and per-chunk sums in f64 in
-// the workspace): by a decoupled look-back over the chunks before it, or
-// (the scanner variants) from scanner blocks that add the chunks' sums in
-// chunk order and publish each chunk's exclusive prefix.
-//
-// per_sm: blocks per multiprocessor the plan is sized for (shared memory
-// within kScanSmem for 2, kScanSmem3 for 3: smaller chunks). The workspace
-// is at most a quarter of x's size with 2 (Lg >= 16 r), half with 3 (Lg >= 8 r).
+// its sum and finds its exclusive prefix by a decoupled look-back over the
+// chunks before it (the workspace: a flag per chunk, each chunk's sum in f32
+// and its inclusive prefix in f64). Shared memory within kScanSmem: two
+// blocks per multiprocessor. The workspace is at most a quarter of x's size
+// (Lg >= 16 r: 12 r D bytes a chunk against 4 Lg D of x).
 struct StagedScan {
   int Dh, H, HW, SR, Lg;
   int ox, ov, ou, od, olo, owt, oE;  // float offsets in shared memory (oE: doubles start there)
@@ -141,11 +138,10 @@ struct StagedScan {
   bool fits;  // shared memory within the limit, the workspace bound above, r D <= 1024
 };
 constexpr std::int64_t kScanSmem = 110 * 1024;  // two blocks per multiprocessor (228 KB each)
-constexpr std::int64_t kScanSmem3 = 74 * 1024;  // three
-inline StagedScan staged_scan(std::int64_t r, std::int64_t D, int per_sm = 2) {
+inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
   StagedScan p{};
-  if (!(D == 8 || D == 16 || D == 32 || D == 64) || r < 1 || r > 32 || (per_sm != 2 && per_sm != 3)) return p;
-  const std::int64_t limit = per_sm == 2 ? kScanSmem : kScanSmem3;
+  if (!(D == 8 || D == 16 || D == 32 || D == 64) || r < 1 || r > 32) return p;
+  const std::int64_t limit = kScanSmem;
   p.Dh = static_cast<int>(D / 2);
   p.H = 256 / p.Dh;
   p.HW = 32 / p.Dh;
@@ -167,20 +163,23 @@ inline StagedScan staged_scan(std::int64_t r, std::int64_t D, int per_sm = 2) {
   p.smem_bytes = layout(SR);
   p.SR = SR;
   p.Lg = p.H * SR;
-  p.fits = p.smem_bytes <= limit && p.Lg >= (per_sm == 2 ? 16 : 8) * r && r * D <= 1024;
+  p.fits = p.smem_bytes <= limit && p.Lg >= 16 * r && r * D <= 1024;
   return p;
 }
-// Scanner blocks of the scanner variants: each adds 128 elements of the r x D
-// chunk sums (a thread each) over all chunks in order.
-inline int scan_scanners(std::int64_t r, std::int64_t D) { return static_cast<int>((r * D + 127) / 128); }
-// The workspace: B * chunks flags (int) for the chunks' sums, a counter, and
-// scanners * B * chunks flags for their prefixes (the look-back kernel uses
-// the first two), then each chunk's sum and prefix (r x D doubles each).
-inline std::int64_t staged_scan_ws_bytes(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r, int per_sm = 2) {
-  const StagedScan p = staged_scan(r, D, per_sm);
+// The workspace: B * chunks flags (int) and a counter, rounded up to 16 bytes
+// (staged_scan_flag_bytes); then each chunk's sum (r x D floats) and its
+// inclusive prefix (r x D doubles, 16-byte aligned: r D is a multiple of 8).
+inline std::int64_t staged_scan_flag_bytes(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r) {
+  const StagedScan p = staged_scan(r, D);
   if (!p.fits) return 0;
   const std::int64_t nc = (N + p.Lg - 1) / p.Lg;
-  return (B * nc * (1 + scan_scanners(r, D)) + 1 + 3) / 4 * 16 + 2 * B * nc * r * D * 8;
+  return (B * nc + 1 + 3) / 4 * 16;
+}
+inline std::int64_t staged_scan_ws_bytes(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r) {
+  const StagedScan p = staged_scan(r, D);
+  if (!p.fits) return 0;
+  const std::int64_t nc = (N + p.Lg - 1) / p.Lg;
+  return staged_scan_flag_bytes(B, N, D, r) + B * nc * r * D * (4 + 8);
 }
 
 }  // namespace ad::cuda_k::semisep_plan

@@ -1218,9 +1218,9 @@ void full_rows3(const SemisepDims& dm, const float* x, const float* d, const flo
 // v are in, scans them across the block (warp shuffles, then the 8 warps'
 // totals), publishes the chunk's sum and finds its exclusive prefix by a
 // decoupled look-back (a warp polls the flags of the 32 chunks before it;
-// sums and prefixes in f64); phase 2 walks the sub-chunks again from their
-// prefixes with outputs, reading shared memory only (plan:
-// semisep_plan::staged_scan).
+// sums in f32, added and published as prefixes in f64); phase 2 walks the
+// sub-chunks again from their prefixes with outputs, reading shared memory
+// only (plan: semisep_plan::staged_scan).
 // polls read relaxed (an acquire load invalidates L1 on every poll: a tenth of the kernel's stall samples
 // on an H200); one fence follows the poll that finds the flags set
 __device__ inline int ld_relaxed(const int* f) {
@@ -1390,12 +1390,14 @@ __device__ inline void scan3_phase2(const semisep_plan::StagedScan& p, const flo
   }
 }
 
-// stores of the block, then `flag` released at f (after every thread's fence)
-__device__ inline void publish_sums(double* to, const double2 (&val)[2], int nP, int* f, int flag) {
+// stores of the block (element pairs, as TO: double2 or float2), then `flag`
+// released at f (after every thread's fence)
+template <class TO, class E>
+__device__ inline void publish_sums(E* to, const double2 (&val)[2], int nP, int* f, int flag) {
   const int t = static_cast<int>(threadIdx.x);
 #pragma unroll
   for (int q = 0; q < 2; ++q)
-    if (t + 256 * q < nP) reinterpret_cast<double2*>(to)[t + 256 * q] = val[q];
+    if (t + 256 * q < nP) reinterpret_cast<TO*>(to)[t + 256 * q] = TO{static_cast<E>(val[q].x), static_cast<E>(val[q].y)};
   fence_acq_rel_gpu();
   __syncthreads();
   if (t == 0) st_release(f, flag);
@@ -1404,7 +1406,7 @@ __device__ inline void publish_sums(double* to, const double2 (&val)[2], int nP,
 template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
-                                                              int* counter, double* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
+                                                              int* counter, float* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
                                                               semisep_plan::StagedScan p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
@@ -1421,18 +1423,20 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   float P[2][KB];
   double2 a[2], ex[2] = {double2{0, 0}, double2{0, 0}};
   scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
-  // the chunk's sum (f64), published; then the look-back for its exclusive
-  // prefix. A thread takes element pairs (2 pe, 2 pe + 1), pe = t + 256 q: the
-  // look-back reads 16 bytes per chunk and pair, kLB chunks in flight (4 at
-  // r > 28: 8 spilled registers there).
-  constexpr int kPr = 2, kLB = KB > 28 ? 4 : 8;  // pairs of r x D per thread (r D <= 1024)
+  // the chunk's sum, published (rounded to f32: the walks summed it in f32);
+  // then the look-back for its exclusive prefix, added in f64 (inclusive
+  // prefixes are published in f64). A thread takes element pairs (2 pe,
+  // 2 pe + 1), pe = t + 256 q: the look-back reads 8 bytes per chunk and
+  // pair, kLB chunks in flight: a window of 32 chunks in one round trip (16
+  // at r > 28, for registers).
+  constexpr int kPr = 2, kLB = KB > 28 ? 16 : 32;  // pairs of r x D per thread (r D <= 1024)
   const int nP = rD / 2;  // D is even
-  const double2* const agg2 = reinterpret_cast<const double2*>(agg);
+  const float2* const agg2 = reinterpret_cast<const float2*>(agg);
   const double2* const inc2 = reinterpret_cast<const double2*>(inc);
   if (c == 0) {
-    publish_sums(inc + id * rD, a, nP, flags + id, 2);
+    publish_sums<double2>(inc + id * rD, a, nP, flags + id, 2);
   } else {
-    publish_sums(agg + id * rD, a, nP, flags + id, 1);
+    publish_sums<float2>(agg + id * rD, a, nP, flags + id, 1);
     i64 pp = c - 1;  // the nearest chunk not yet added
     for (;;) {
       if (w == 0) {
@@ -1455,20 +1459,15 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
       for (int q = 0; q < kPr; ++q) {
         const int pe = t + 256 * q;
         if (pe >= nP) continue;
-        const double2* src = agg2 + (b * nc + pp) * nP + pe;  // chunk pp - m at src - m nP
-        double2 acc[kLB];
-#pragma unroll
-        for (int k = 0; k < kLB; ++k) acc[k] = double2{0, 0};
-        for (int m0 = 0; m0 < na; m0 += kLB) {
-          double2 l[kLB];
-#pragma unroll
-          for (int k = 0; k < kLB; ++k) l[k] = m0 + k < na ? __ldcg(src - static_cast<i64>(m0 + k) * nP) : double2{0, 0};
-#pragma unroll
-          for (int k = 0; k < kLB; ++k) acc[k].x += l[k].x, acc[k].y += l[k].y;
-        }
+        const float2* src = agg2 + (b * nc + pp) * nP + pe;  // chunk pp - m at src - m nP
         double2 s2 = use ? __ldcg(inc2 + (b * nc + pp - na) * nP + pe) : double2{0, 0};
+        for (int m0 = 0; m0 < na; m0 += kLB) {
+          float2 l[kLB];
 #pragma unroll
-        for (int k = 0; k < kLB; ++k) s2.x += acc[k].x, s2.y += acc[k].y;
+          for (int k = 0; k < kLB; ++k) l[k] = m0 + k < na ? __ldcg(src - static_cast<i64>(m0 + k) * nP) : float2{0.f, 0.f};
+#pragma unroll
+          for (int k = 0; k < kLB; ++k) s2.x += static_cast<double>(l[k].x), s2.y += static_cast<double>(l[k].y);
+        }
         ex[q].x += s2.x, ex[q].y += s2.y;
       }
       __syncthreads();  // s_n, s_use are read before warp 0 writes them again
@@ -1478,7 +1477,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     double2 incl[kPr];
 #pragma unroll
     for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + a[q].x, ex[q].y + a[q].y};
-    publish_sums(inc + id * rD, incl, nP, flags + id, 2);
+    publish_sums<double2>(inc + id * rD, incl, nP, flags + id, 2);
   }
 #pragma unroll
   for (int q = 0; q < kPr; ++q)
@@ -1486,167 +1485,48 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
 }
 
-// The scanner variant (compiled, not yet run on a GPU): the first S =
-// scan_scanners(r, D) blocks by the counter are scanners, the rest take the
-// chunks in counter order. A chunk publishes its sum (f64) and a flag, and
-// waits only for its own exclusive prefix; scanner s owns elements [128 s,
-// 128 s + 128) of the r x D sums (a thread each), adds the chunks' sums in
-// chunk order as their flags appear (up to 32 chunks per poll, 8 loads in
-// flight per thread), and publishes each chunk's exclusive prefix with a flag
-// of its own. A chunk's wait is then one poll after its predecessor's sum
-// reaches the scanners, however many chunks are still in flight, instead of a
-// look-back whose length grows with them (docs/benchmarks.md, "GPU: where the
-// one-pass causal kernel's time goes"). No deadlock: a chunk publishes its sum
-// before it waits, the scanners wait only for sums of chunks with earlier
-// counters (running or done), the scanners hold the first counters, and the
-// launcher takes this form only where more than S blocks fit on the device at
-// once (else the look-back kernel: the scanners would fill every slot).
-// kMinBlocks: the blocks per multiprocessor the plan was sized for.
-template <int KB, bool kExact, int kMinBlocks>
-__global__ void __launch_bounds__(256, kMinBlocks)
-    causal_scan4_kernel(const float* x, const float* d, const float* lo, const float* u, const float* v, float* y,
-                        int* sum_flags, int* counter, int* pre_flags, double* sums, double* pre, i64 B, i64 N, i64 D,
-                        i64 r, i64 nc, int S, semisep_plan::StagedScan p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* const sm = reinterpret_cast<float*>(smem_raw);
-  double* const E = reinterpret_cast<double*>(sm + p.oE);
-  __shared__ long long s_id;
-  __shared__ int s_n;
-  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
-  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
-  const i64 total = B * nc;
-  if (t == 0) s_id = atomicAdd(counter, 1);
-  __syncthreads();
-  const i64 ticket = s_id;
-  if (ticket < S) {  // a scanner
-    const int el = static_cast<int>(ticket) * 128 + t;
-    const bool mine = t < 128 && el < rD;
-    double run = 0;
-    i64 g = 0;  // the next chunk whose sum is not yet added
-    while (g < total) {
-      if (w == 0) {
-        for (;;) {  // how many chunks from g on have published their sums, in a row (at least one)
-          const i64 gg = g + lane;
-          const int st = gg < total ? ld_relaxed(sum_flags + gg) : 0;
-          const unsigned ready = __ballot_sync(0xffffffffu, st != 0);
-          const int cnt = ready == 0xffffffffu ? 32 : __ffs(~ready) - 1;
-          if (cnt > 0) {
-            fence_acq_rel_gpu();  // the sums behind the flags seen are read after this
-            if (lane == 0) s_n = cnt;
-            break;
-          }
-        }
-      }
-      __syncthreads();
-      const int cnt = s_n;
-      if (mine) {
-        for (int k0 = 0; k0 < cnt; k0 += 8) {
-          double l[8];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) l[k] = k0 + k < cnt ? __ldcg(sums + (g + k0 + k) * rD + el) : 0.0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            if (k0 + k >= cnt) break;
-            const i64 next = g + k0 + k + 1;  // its exclusive prefix is complete now
-            run += l[k];
-            if (next % nc == 0) run = 0;  // the next batch starts from zero (its first chunk waits for nothing)
-            else if (next < total) __stcg(pre + next * rD + el, run);
-          }
-        }
-      }
-      fence_acq_rel_gpu();
-      __syncthreads();  // every prefix stored (and s_n read) before the flags
-      if (w == 0 && lane < cnt) {
-        const i64 next = g + lane + 1;
-        if (next < total && next % nc != 0) st_release(pre_flags + ticket * total + next, 1);
-      }
-      g += cnt;
-    }
-    return;
-  }
-  const i64 id = ticket - S, b = id / nc, c = id % nc, i0 = c * p.Lg;
-  const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
-  scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
-  float P[2][KB];
-  double2 a[2];
-  scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
-  const int nP = rD / 2;
-  publish_sums(sums + id * rD, a, nP, sum_flags + id, 1);
-  if (c == 0) {
-    for (int q = t; q < rD; q += 256) E[q] = 0.0;
-  } else {
-    if (w == 0) {  // lane s < S polls scanner s's flag for this chunk
-      for (;;) {
-        const int st = lane < S ? ld_relaxed(pre_flags + lane * total + id) : 1;
-        if (__all_sync(0xffffffffu, st != 0)) break;
-      }
-      fence_acq_rel_gpu();  // the prefix behind the flags is read after this
-    }
-    __syncthreads();
-    for (int q = t; q < rD; q += 256) E[q] = __ldcg(pre + id * rD + q);
-  }
-  scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
-}
-
-bool scan3_applies(const SemisepDims& dm, int per_sm = 2) {
-  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, per_sm);
+bool scan3_applies(const SemisepDims& dm) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
-// scanners: 0 the look-back kernel; else the scanner kernel, sized for `per_sm` blocks per multiprocessor
 template <int KB, bool kExact>
 void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                     const float* v, float* y, void* ws, bool scanners, int per_sm) {
-  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, per_sm);
+                     const float* v, float* y, void* ws) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   const i64 nc = (dm.N + p.Lg - 1) / p.Lg, blocks = dm.B * nc, rD = dm.r * dm.D;
-  const int S = semisep_plan::scan_scanners(dm.r, dm.D);
-  // flags for the sums, the counter, S flags per chunk for the prefixes; then sums and prefixes
+  // flags for the chunks and the counter; then the chunks' sums (f32) and inclusive prefixes (f64)
   int* flags = static_cast<int*>(ws);
-  double* agg = reinterpret_cast<double*>(static_cast<char*>(ws) + (blocks * (1 + S) + 1 + 3) / 4 * 16);
-  double* inc = agg + blocks * rD;
-  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks * (1 + S) + 1) * sizeof(int)),
+  float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + semisep_plan::staged_scan_flag_bytes(dm.B, dm.N, dm.D, dm.r));
+  double* inc = reinterpret_cast<double*>(agg + blocks * rD);  // 16-byte aligned: r D is a multiple of 8
+  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(blocks + 1) * sizeof(int)),
              "cudaMemsetAsync (semiseparable_matvec)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
-  if (scanners) {  // the scanners hold their slots to the end: a chunk needs one more slot beside them
-    auto k4 = per_sm == 3 ? causal_scan4_kernel<KB, kExact, 3> : causal_scan4_kernel<KB, kExact, 2>;
-    allow_smem(k4, smem);
-    if (resident_blocks(k4, smem) <= static_cast<unsigned>(S)) scanners = false;  // a small part: the look-back
-  }
-  if (!scanners) {
-    auto kernel = causal_scan3_kernel<KB, kExact>;
-    allow_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D,
-                                                         dm.r, nc, p);
-  } else {
-    auto launch = [&](auto kernel) {
-      allow_smem(kernel, smem);
-      kernel<<<static_cast<unsigned>(blocks + S), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, flags + blocks + 1,
-                                                               agg, inc, dm.B, dm.N, dm.D, dm.r, nc, S, p);
-    };
-    if (per_sm == 3) launch(causal_scan4_kernel<KB, kExact, 3>);
-    else launch(causal_scan4_kernel<KB, kExact, 2>);
-  }
+  auto kernel = causal_scan3_kernel<KB, kExact>;
+  allow_smem(kernel, smem);
+  kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D,
+                                                       dm.r, nc, p);
   check_launch("semiseparable_matvec (causal, one pass)");
 }
 void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                  const float* v, float* y, void* ws, bool scanners = false, int per_sm = 2) {
+                  const float* v, float* y, void* ws) {
   // even r: a kernel for that rank exactly; odd r: r rounded up to 4, masked
   switch (dm.r) {
 #define AD_SCAN3_EVEN(R) \
-  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws); break;
     AD_SCAN3_EVEN(2) AD_SCAN3_EVEN(4) AD_SCAN3_EVEN(6) AD_SCAN3_EVEN(8) AD_SCAN3_EVEN(10) AD_SCAN3_EVEN(12)
     AD_SCAN3_EVEN(14) AD_SCAN3_EVEN(16) AD_SCAN3_EVEN(18) AD_SCAN3_EVEN(20) AD_SCAN3_EVEN(22) AD_SCAN3_EVEN(24)
     AD_SCAN3_EVEN(26) AD_SCAN3_EVEN(28) AD_SCAN3_EVEN(30) AD_SCAN3_EVEN(32)
 #undef AD_SCAN3_EVEN
     default:
       switch ((dm.r + 3) / 4) {
-        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
-        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws, scanners, per_sm); break;
+        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws); break;
+        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws); break;
+        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws); break;
       }
   }
 }
@@ -1656,10 +1536,7 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
 // where they apply; 3: the staged ones where they apply (f32; causal in one
 // pass where semisep_plan::staged_scan fits, S then being its workspace of
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
-// in bulk where the device and the alignment allow; 5: as 3, the one-pass
-// causal product with scanner blocks instead of the look-back; 6: as 5 with
-// chunks sized for three blocks per multiprocessor (as 5 where that plan does
-// not fit). 5 and 6 are experiments, compiled but not yet run on a GPU.
+// in bulk where the device and the alignment allow.
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
@@ -1669,10 +1546,8 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
   const bool bulk = variant == 0 || variant == 4;
   if constexpr (sizeof(T) == 4) {
     v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y);
-    const bool scanners = variant == 5 || variant == 6;
-    const int per_sm = variant == 6 && scan3_applies(dm, 3) ? 3 : 2;
-    if (v3 && causal && scan3_applies(dm, per_sm)) {  // one pass, its own chunks: no stages to stop after
-      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S, scanners, per_sm);
+    if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
+      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
     }
     if (v3) chunk_sums3(dm, x, v, S, bulk);

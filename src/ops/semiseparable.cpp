@@ -24,7 +24,10 @@ namespace semisep {
 namespace {
 std::atomic<int> g_gpu_matvec_variant{0};
 }  // namespace
-int set_gpu_matvec_variant(int v) { return g_gpu_matvec_variant.exchange(v); }
+int set_gpu_matvec_variant(int v) {
+  if (v < 0 || v > 4) throw Error(fmt::format("semisep::set_gpu_matvec_variant: variant {} is not one of 0 .. 4", v));
+  return g_gpu_matvec_variant.exchange(v);
+}
 int gpu_matvec_variant() { return g_gpu_matvec_variant.load(); }
 }  // namespace semisep
 
@@ -197,8 +200,6 @@ std::int64_t semiseparable_matvec_ws(const InferArgs& a, const Meta& out) {
   auto ws = static_cast<std::int64_t>(semisep::matvec_ws_bytes(dm, dtype_size(a[0].dtype)));
   if (out.device.kind == DeviceKind::cuda && a.attrs.causal && a[0].dtype == DType::f32) {
     ws = std::max(ws, cuda_k::semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r));
-    if (semisep::gpu_matvec_variant() == 6)  // smaller chunks (a test and benchmark setting)
-      ws = std::max(ws, cuda_k::semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r, 3));
   }
   return ws;
 }

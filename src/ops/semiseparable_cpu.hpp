@@ -35,11 +35,9 @@ void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 // Which CUDA kernels semiseparable_matvec's forward runs on a GPU
 // (cuda_k::semisep_matvec's variant): 0 the default (as 4), 1 the first tiled
 // kernels only, 2 the warp-level ones, 3 the staged ones, 4 the staged ones
-// with bulk copies, 5 and 6 the scanner forms of the one-pass causal kernel
-// (experiments; 6 with smaller chunks, and a larger workspace for causal
-// products made while it is set) (each where it applies, else the one
-// before). Returns the previous setting; for tests and benchmarks that
-// compare them.
+// with bulk copies (each where it applies, else the one before); any other
+// value is an ad::Error. Returns the previous setting; for tests and
+// benchmarks that compare them.
 int set_gpu_matvec_variant(int v);
 int gpu_matvec_variant();
 // How the full backward runs at r <= 4 (f32, D a multiple of 8, every
