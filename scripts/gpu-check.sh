@@ -6,11 +6,12 @@
 #
 #   bash scripts/gpu-check.sh [build-dir]
 #       configure and build with CUDA in build-dir (default build-gpu), then run
-#   bash scripts/gpu-check.sh --prebuilt DIR
+#   bash scripts/gpu-check.sh --prebuilt DIR|PACK.tgz
 #       run the binaries in DIR (ad_tests, bench_cuda, bench_attention,
 #       bench_semicrf, bench_semiseparable; shared libraries the machine lacks
-#       in DIR/lib), as scripts/gpu-pack.sh leaves them: for a GPU machine that
-#       has the CUDA toolkit but not the project's build dependencies
+#       in DIR/lib), as scripts/gpu-pack.sh leaves them (a folder or a .tgz):
+#       for a GPU machine that has the CUDA toolkit but not the project's
+#       build dependencies
 #
 # AD_GPU_BENCHES names the benchmarks to run (default: all four);
 # AD_GPU_SEMICRF_ARGS adds arguments to bench_semicrf (say --only 40000,3000,24).
@@ -30,7 +31,11 @@ mkdir -p "$logdir"
 sum="$logdir/summary.txt"
 : >"$sum"
 if [ "${1:-}" = "--prebuilt" ]; then
-  bin=${2:?"--prebuilt needs a folder"}
+  bin=${2:?"--prebuilt needs a folder (or gpu-pack.sh's .tgz)"}
+  if [[ "$bin" == *.tgz ]]; then  # unpacked next to the logs' temporary folder
+    mkdir -p "$tmp/bin" && tar -C "$tmp/bin" -xzf "$bin" || exit 1
+    bin="$tmp/bin"
+  fi
   tests="$bin/ad_tests"
   benches="$bin"
   # the packed libraries first, then the CUDA toolkit's (cuBLAS is not packed)

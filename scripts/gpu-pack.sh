@@ -5,9 +5,18 @@
 # LAPACKE and theirs). Left out: the C and C++ runtimes and the CUDA
 # libraries, which the GPU machine has (the same CUDA major version is needed).
 #   bash scripts/gpu-pack.sh BUILD_DIR OUT_DIR
+#   bash scripts/gpu-pack.sh BUILD_DIR OUT.tgz   (the same folder gzipped: about
+#       half the size, for a transfer with a size limit; gpu-check.sh --prebuilt
+#       takes the .tgz as it is)
 set -euo pipefail
-build=${1:?"usage: gpu-pack.sh BUILD_DIR OUT_DIR"}
-out=${2:?"usage: gpu-pack.sh BUILD_DIR OUT_DIR"}
+build=${1:?"usage: gpu-pack.sh BUILD_DIR OUT_DIR|OUT.tgz"}
+out=${2:?"usage: gpu-pack.sh BUILD_DIR OUT_DIR|OUT.tgz"}
+tgz=""
+if [[ "$out" == *.tgz ]]; then
+  tgz=$out
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
 mkdir -p "$out/lib"
 bins=("$build/tests/ad_tests")
 for b in bench_cuda bench_attention bench_semicrf bench_semiseparable; do
@@ -23,4 +32,10 @@ for f in "${bins[@]}"; do
     esac
   done
 done
-du -sh "$out"
+if [ -n "$tgz" ]; then
+  mkdir -p "$(dirname "$tgz")"
+  tar -C "$out" -cf - . | gzip -6 >"$tgz"
+  du -sh "$tgz"
+else
+  du -sh "$out"
+fi
