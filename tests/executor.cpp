@@ -641,3 +641,53 @@ TEST_CASE("executor: a leaf written after the graph computed from it makes those
     CHECK_THROWS_WITH_AS(s.value(), doctest::Contains("parameter 'w' is now f64[3]"), ad::Error);
   }
 }
+
+TEST_CASE("executor: simulate_peak and execute accept and reject the same hand-made reuse, free and compress steps") {
+  using K = ad::Step::Kind;
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::ones({3, 4}));
+  Var s1 = ad::slice(x, 0, 0, 1);  // [1, 4]
+  Var a = ad::exp(s1);             // [1, 4]
+  Var b = ad::add(a, x);           // [3, 4]: a broadcast, so b cannot take a's buffer
+  Var t = ad::tanh(x);             // [3, 4]
+  Var l = ad::sum(b);
+  ad::GraphImpl& gi = g.impl();
+  auto both_reject = [&](const ad::Schedule& s, const char* what) {
+    CHECK_THROWS_WITH_AS(ad::simulate_peak(gi, s), doctest::Contains(what), ad::Error);
+    CHECK_THROWS_WITH_AS(ad::execute(gi, s), doctest::Contains(what), ad::Error);
+    CHECK(x.has_value());  // the leaf is never lost
+  };
+  ad::Schedule s;  // b over a: other shapes (execute ignored it and the peaks differed: 36 against 80)
+  s.targets = {l.id()};
+  s.steps = {{K::compute, s1.id()}, {K::compute, a.id()}, {K::compute, b.id(), -1, a.id()}, {K::free, a.id()},
+             {K::compute, l.id()}};
+  both_reject(s, "cannot write over exp#");
+  s.steps = {{K::compute, t.id(), -1, x.id()}};  // over a leaf (it was overwritten and dropped)
+  both_reject(s, "a leaf: the engine never frees leaves");
+  s.steps = {{K::compute, s1.id()}, {K::free, x.id()}};  // free of a leaf
+  both_reject(s, "free of input#0, a leaf");
+  s.steps = {{K::compute, s1.id()}, {K::compute, t.id(), -1, s1.id()}};  // not an input of tanh(x)
+  both_reject(s, "not an input its kernel may overwrite");
+  s.steps = {{K::compute, s1.id()}, {K::compute, a.id()}, {K::compress, a.id(), 77}};
+  both_reject(s, "to dtype value 77: not a floating dtype");
+  // an allowed reuse: the same bytes in both
+  Var e = ad::exp(t);
+  ad::Schedule ok;
+  ok.targets = {e.id()};
+  ok.steps = {{K::compute, t.id()}, {K::compute, e.id(), -1, t.id()}, {K::free, t.id()}};
+  const std::int64_t predicted = ad::simulate_peak(gi, ok);
+  CHECK(predicted == 48);  // one [3, 4] f32 buffer
+  CHECK(ad::execute(gi, ok).measured_peak_bytes == predicted);
+  // the same step while something outside the graph holds t's value: neither takes its buffer
+  ad::Schedule first;
+  first.targets = {t.id()};
+  first.steps = {{K::compute, t.id()}};
+  ad::execute(gi, first);
+  ad::Tensor held = t.value();
+  ad::Schedule again;
+  again.targets = {e.id()};
+  again.steps = {{K::compute, e.id(), -1, t.id()}, {K::free, t.id()}};
+  const std::int64_t p2 = ad::simulate_peak(gi, again);
+  CHECK(ad::execute(gi, again).measured_peak_bytes == p2);
+  CHECK(held.to_vector() == std::vector<double>(12, std::tanh(1.0f)));
+}

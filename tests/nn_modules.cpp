@@ -370,3 +370,62 @@ TEST_CASE("nn module misuse") {
     lin(g.input(Tensor::zeros({2, 5})));
   }, "matmul: inner dims differ"));
 }
+
+namespace {
+// An embedding whose weight the output head uses too (tied weights).
+struct Tied : nn::Module {
+  nn::Embedding emb;
+  Tied(ad::Rng& rng) : emb(40, 8, rng) {}
+  void visit(nn::Visitor& v) const override {
+    v.module("emb", emb);
+    v.parameter("head.weight", emb.weight);
+  }
+};
+}  // namespace
+
+TEST_CASE("nn num_parameters counts a tied parameter once") {
+  ad::Rng rng(31);
+  Tied t(rng);
+  CHECK(t.named_parameters().size() == 2);
+  CHECK(t.num_parameters() == 40 * 8);
+  nn::MLP mlp({3, 4}, rng);
+  CHECK(mlp.num_parameters() == 3 * 4 + 4);
+}
+
+TEST_CASE("nn MLP dropout outside [0, 1) is an ad::Error, NaN and negative values too") {
+  ad::Rng rng(32);
+  for (double p : {-0.5, 1.0, 2.0, std::nan("")}) {
+    nn::MLPOptions o;
+    o.dropout = p;
+    CHECK_THROWS_WITH_AS((nn::MLP({3, 4, 2}, rng, o)), doctest::Contains("MLP: dropout must be in [0, 1)"), ad::Error);
+  }
+  nn::MLPOptions ok;
+  ok.dropout = 0.25;
+  CHECK((nn::MLP({3, 4, 2}, rng, ok).dropout.p == 0.25));
+}
+
+TEST_CASE("nn load_module_state with sources sharing the module's storage (two layers swapped) loses nothing") {
+  ad::Rng rng(33);
+  nn::ModuleList<nn::Linear> layers;
+  for (int i = 0; i < 3; ++i) layers.push_back(nn::Linear(4, 4, rng));
+  const auto before = nn::module_state(layers);  // handles sharing the parameters' storage
+  std::vector<std::vector<double>> v;
+  for (const auto& nt : before) v.push_back(nt.second.to_vector());
+  nn::NamedTensors swapped;
+  for (const auto& nt : before) {
+    std::string n = nt.first;
+    if (n[0] == '0') n[0] = '1';
+    else if (n[0] == '1') n[0] = '0';
+    swapped.emplace_back(n, nt.second);
+  }
+  nn::load_module_state(layers, swapped);
+  // before: 0.weight, 0.bias, 1.weight, 1.bias, 2.weight, 2.bias (the module's order)
+  const auto after = nn::module_state(layers);
+  REQUIRE(after.size() == 6);
+  CHECK(after[0].second.to_vector() == v[2]);
+  CHECK(after[1].second.to_vector() == v[3]);
+  CHECK(after[2].second.to_vector() == v[0]);
+  CHECK(after[3].second.to_vector() == v[1]);
+  CHECK(after[4].second.to_vector() == v[4]);  // loaded from itself
+  CHECK(after[5].second.to_vector() == v[5]);
+}

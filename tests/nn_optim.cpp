@@ -2,6 +2,7 @@
 // formulas in include/ad/nn/optim.hpp, evaluated separately), clipping,
 // schedule values, state save/restore, misuse.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "test_util.hpp"
 
@@ -384,4 +385,58 @@ TEST_CASE("nn optim ZeRO-1 steps what the unsharded optimizer steps, and counts 
   CHECK_THROWS_WITH_AS(ad::dist::Zero1(ad::dist::Communicator::local(), nn::NamedParameters{{"w", c}, {"w", d}},
                                        [](nn::NamedParameters s) { return std::make_unique<nn::SGD>(std::move(s)); }),
                        doctest::Contains("Zero1: parameter name \"w\" is repeated"), ad::Error);
+}
+
+TEST_CASE("nn optim a parameter given a tensor of another shape is an ad::Error before any parameter steps") {
+  // loading a checkpoint and then growing a vocabulary: the moments still have the old shape (this stepped
+  // past their end before)
+  Parameter a = param({1.0, 2.0}, DType::f64, "a"), b = param({3.0, 4.0}, DType::f64, "b");
+  nn::Adam opt(nn::NamedParameters{{"a", a}, {"b", b}});
+  set_grads({a, b}, {{0.5, 0.5}, {0.5, 0.5}});
+  opt.step();
+  const std::vector<double> a1 = a.value().to_vector();
+  b.value() = Tensor::zeros({5}, DType::f64);
+  set_grads({a, b}, {{0.5, 0.5}, {0.5, 0.5, 0.5, 0.5, 0.5}});
+  CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("Adam.step: state \"b.exp_avg\" is f64[2], parameter is f64[5]"),
+                       ad::Error);
+  CHECK(a.value().to_vector() == a1);  // "a" comes first but was not stepped: every check runs before any update
+  CHECK(opt.step_count() == 1);
+  nn::Adam fresh(nn::NamedParameters{{"a", a}, {"b", b}});  // what the message suggests
+  fresh.step();
+  CHECK(b.value().to_vector() != std::vector<double>(5, 0.0));
+  // given yet another tensor with its gradient not zeroed: the next backward names the parameter
+  b.value() = Tensor::zeros({3}, DType::f64);
+  ad::Graph g;
+  CHECK_THROWS_WITH_AS(ad::backward(ad::sum(g.param(b))),
+                       doctest::Contains("parameter \"b\" holds a gradient f64[5] but is now f64[3]"), ad::Error);
+  b.zero_grad();
+  ad::Graph g2;
+  ad::backward(ad::sum(g2.param(b)));
+  CHECK(b.grad().to_vector() == std::vector<double>(3, 1.0));
+}
+
+TEST_CASE("nn optim load_state finds each tensor by name in a hash map: 20,000 parameters load and match") {
+  std::vector<Parameter> ps;
+  nn::NamedParameters named;
+  for (int i = 0; i < 20000; ++i) {
+    const std::string name = fmt::format("p{}", i);  // ("p" + std::to_string(i): a false -Wrestrict in g++ 12)
+    ps.push_back(param({static_cast<double>(i)}, DType::f64, name));
+    named.emplace_back(name, ps.back());
+  }
+  nn::Adam a(named);
+  std::vector<std::vector<double>> gs(ps.size(), std::vector<double>{1.0});
+  set_grads(ps, gs);
+  a.step();
+  nn::Adam b(named);
+  b.load_state(a.state());
+  const auto sa = a.state(), sb = b.state();
+  REQUIRE(sa.size() == sb.size());
+  REQUIRE(sa.size() == 1 + 3 * ps.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < sa.size(); ++i)
+    differ += sa[i].first != sb[i].first || sa[i].second.to_vector() != sb[i].second.to_vector();
+  CHECK(differ == 0);
+  nn::NamedTensors twice = a.state();
+  twice.push_back(twice[5]);
+  CHECK_THROWS_WITH_AS(b.load_state(twice), doctest::Contains("appears twice"), ad::Error);
 }

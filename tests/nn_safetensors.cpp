@@ -431,3 +431,12 @@ TEST_CASE("nn safetensors fuzz corpus replay") {
   }
   CHECK(n >= 20);
 }
+
+TEST_CASE("nn safetensors saves to a file name near the 255-byte limit (the temporary name stays within it)") {
+  TempDir dir;
+  const std::string name = std::string(230, 'c') + ".safetensors";  // 242 bytes: valid
+  ad::save_safetensors(dir.file(name), {{"w", Tensor::ones({3})}});
+  ad::save_safetensors(dir.file(name), {{"w", Tensor::zeros({3})}});  // replaced, through a shortened temporary
+  CHECK(ad::load_safetensors(dir.file(name)).find("w")->to_vector() == std::vector<double>(3, 0.0));
+  CHECK(dir.entries() == 1);
+}

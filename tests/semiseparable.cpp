@@ -1149,3 +1149,20 @@ TEST_CASE("semisep::set_gpu_matvec_variant takes 0 .. 4 and names anything else"
   CHECK(semisep::set_gpu_matvec_variant(was) == 3);
 }
 }  // namespace ad::test
+namespace ad::test {
+TEST_CASE("semiseparable_matvec (full, CPU) with x and v both Parameters places them in the others' graph") {
+  Rng rng(77);
+  Parameter x(Tensor::randn({1, 6, 2}, rng, DType::f64)), u(Tensor::randn({6, 2}, rng, DType::f64)),
+      v(Tensor::randn({6, 2}, rng, DType::f64));
+  Tensor d = Tensor::randn({6}, rng, DType::f64), up = Tensor::randn({5}, rng, DType::f64),
+         lo = Tensor::randn({5}, rng, DType::f64);
+  Graph g;
+  Var y = semiseparable_matvec(x, g.input(d), g.input(up), g.input(lo), u, v);  // threw: the sums node had no graph
+  Graph g2;
+  Var y2 = semiseparable_matvec(g2.param(x), g2.input(d), g2.input(up), g2.input(lo), g2.param(u), g2.param(v));
+  CHECK(bitwise_equal(y.value(), y2.value()));
+  backward(sum(y));
+  CHECK(x.has_grad());
+  CHECK(v.has_grad());
+}
+}  // namespace ad::test

@@ -24,7 +24,14 @@ namespace ad {
 //     may read the value between its offload and its prefetch.
 //   A compute step with reuse = u >= 0 writes the node's value over input
 //   u's buffer (u's value dies here: the schedule's next step about u frees
-//   it), allocating nothing.
+//   it), allocating nothing. u must be an input the node's kernel may
+//   overwrite (OpDef::overwrites), not a leaf, with the node's shape, dtype
+//   and device, and the step no view and no gradient written into a
+//   parameter's buffer; when something else holds u's buffer (a Tensor kept
+//   outside the graph, a view's value) the step allocates instead, in
+//   execute and simulate_peak alike. A free of a leaf (an input or a
+//   parameter), a reuse that breaks these rules and a compress to a dtype
+//   that is not floating are ad::Errors from both, before any step runs.
 struct Step {
   enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress, offload, prefetch };
   Kind kind;

@@ -15,6 +15,7 @@
 #include "checkpoint/cache.hpp"
 #include "checkpoint/planner.hpp"
 #include "core/graph_impl.hpp"
+#include "core/step_check.hpp"
 
 namespace ad {
 
@@ -332,8 +333,7 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
   auto name = [&](std::int32_t id) { return fmt::format("{}#{}", op_def(g.node(id).op).name, id); };
   std::vector<const Meta*> metas;
   for (const Step& st : s.steps) {
-    if (st.node < 0 || static_cast<std::size_t>(st.node) >= n)
-      throw Error(fmt::format("simulate_peak: a step names node {}, not a node of the graph", st.node));
+    if (std::string e = detail::step_error(g, st); !e.empty()) throw Error("simulate_peak: " + e);
     auto u = static_cast<std::size_t>(st.node);
     switch (st.kind) {
       case Step::Kind::compute: {
@@ -346,9 +346,10 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
             throw Error(fmt::format("simulate_peak: {} needs input {} which holds no value (bad schedule)",
                                     name(st.node), name(in)));
         std::int32_t now;
-        if (st.reuse >= 0 && st.aux < 0 && !def.view && static_cast<std::size_t>(st.reuse) < n &&
-            holds[static_cast<std::size_t>(st.reuse)] >= 0) {
-          // written over the dying input's buffer: its reference moves to this node
+        const std::int32_t victim = st.reuse >= 0 ? holds[static_cast<std::size_t>(st.reuse)] : -1;
+        if (victim >= 0 && inst[static_cast<std::size_t>(victim)].refs == 1 && !inst[static_cast<std::size_t>(victim)].pinned) {
+          // written over the dying input's buffer (step_error checked the step; as the executor, only when
+          // no other value and nothing outside the graph holds it): its reference moves to this node
           now = holds[static_cast<std::size_t>(st.reuse)];
           holds[static_cast<std::size_t>(st.reuse)] = -1;
         } else if (st.aux >= 0 && !def.view) {  // written into a parameter's gradient buffer: not the graph's bytes

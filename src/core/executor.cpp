@@ -12,6 +12,7 @@
 #include "core/device.hpp"
 #include "core/kernels.hpp"
 #include "ad/trace.hpp"
+#include "core/step_check.hpp"
 
 namespace ad {
 
@@ -22,9 +23,17 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
   if (!(v.shape() == s.value.shape()) || v.dtype() != s.value.dtype())
     throw Error(fmt::format("execute: gradient {}{} does not match parameter {}{}", dtype_name(v.dtype()),
                             v.shape().str(), dtype_name(s.value.dtype()), s.value.shape().str()));
+  const bool stale_shape = s.grad.defined() && (!(s.grad.shape() == v.shape()) || s.grad.dtype() != v.dtype() ||
+                                                !(s.grad.device() == v.device()));
+  if (stale_shape && !s.grad_zero)  // the parameter was given a tensor of another shape since this gradient
+    throw Error(fmt::format("execute: parameter \"{}\" holds a gradient {}{} but is now {}{}: call zero_grad() after "
+                            "giving it another tensor",
+                            p.name(), dtype_name(s.grad.dtype()), s.grad.shape().str(), dtype_name(v.dtype()),
+                            v.shape().str()));
   s.grad_fresh = true;
-  if (!s.grad.defined()) {
+  if (!s.grad.defined() || stale_shape) {  // a zeroed gradient of the old shape: replaced
     s.grad = v.clone(default_allocator(v.device()));
+    s.grad_zero = false;
     return;
   }
   if (s.grad_zero) {  // zero_grad() ran: overwrite rather than fill and add
@@ -171,11 +180,11 @@ class Runner {
   }
 
   void run_steps() {
+    for (const Step& st : s_.steps)  // every step checked before the first runs
+      if (std::string e = detail::step_error(g_, st); !e.empty()) throw Error("execute: " + e);
     for (std::size_t si = 0; si < s_.steps.size(); ++si) {
       const Step& st = s_.steps[si];
       step_ = si;
-      if (st.node < 0 || static_cast<std::size_t>(st.node) >= g_.nodes.size())
-        throw Error(fmt::format("execute: a step names node {}, not a node of the graph", st.node));
       Node& nd = g_.node(st.node);
       switch (st.kind) {
         case Step::Kind::compute:
@@ -255,11 +264,9 @@ class Runner {
       if (ps->grad_writable(nd.meta)) dst = ps;
     }
     Tensor* victim = nullptr;
-    if (reuse >= 0 && !dst && !def.view && (def.overwrites != 0) &&
-        std::find(nd.inputs.begin(), nd.inputs.end(), reuse) != nd.inputs.end()) {
+    if (reuse >= 0 && !dst) {  // detail::step_error checked the rest; here: no one else holds the buffer
       Tensor& v = g_.node(reuse).value;
-      if (v.defined() && v.storage().use_count() == 1 && v.shape() == nd.meta.shape && v.dtype() == nd.meta.dtype &&
-          v.device() == nd.meta.device)
+      if (v.defined() && v.storage().use_count() == 1 && v.shape() == nd.meta.shape && v.dtype() == nd.meta.dtype)
         victim = &v;
     }
     if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));

@@ -5,20 +5,17 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <unordered_set>
 
 #include "ad/autodiff.hpp"
 #include "ad/dist.hpp"
 #include "core/device.hpp"
 #include "core/graph_impl.hpp"
+#include "nn/named_index.hpp"
 
 namespace ad::dist {
 
 namespace {
-const Tensor* find(const nn::NamedTensors& s, const std::string& name) {
-  for (const auto& nt : s)
-    if (nt.first == name) return &nt.second;
-  return nullptr;
-}
 // Copies between `part` (elements [begin, begin + part.numel()) of the
 // concatenation of `ts`, flat) and the tensors: into part when to_part.
 void copy_range(const std::vector<Tensor>& ts, std::int64_t begin, Tensor& part, bool to_part) {
@@ -198,13 +195,14 @@ Tensor i64_scalar(std::int64_t v) {
 nn::NamedTensors Zero1::state() const {
   const std::int64_t w = comm_.size();
   nn::NamedTensors in = opt_->state(), out;
-  out.emplace_back("step", find(in, "step")->clone());
+  const nn::detail::NamedIndex index(in, "Zero1::state");
+  out.emplace_back("step", index.find("step")->clone());
   const std::vector<std::string> slots = opt_->slot_names();
   std::vector<std::vector<Tensor>> per(params_.size());  // [param][slot]
   for (const std::string& slot : slots) {
     Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
     for (const Segment& sg : segs_)
-      if (const Tensor* t = find(in, params_[sg.param].first + "." + slot))
+      if (const Tensor* t = index.find(params_[sg.param].first + "." + slot))
         part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(*t);
     Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
     comm_.all_gather(part, flat);
@@ -230,10 +228,9 @@ void Zero1::load_state(const nn::NamedTensors& state) {
                               t.shape().str()));
     return t.to(Device::cpu()).data<std::int64_t>()[0];
   };
-  std::set<std::string> seen, known{"step"};
-  for (const auto& nt : state)
-    if (!seen.insert(nt.first).second) throw Error(fmt::format("{}: tensor \"{}\" appears twice", where, nt.first));
-  const Tensor* step = find(state, "step");
+  std::unordered_set<std::string> known{"step"};
+  const nn::detail::NamedIndex index(state, where);
+  const Tensor* step = index.find("step");
   if (!step) throw Error(fmt::format("{}: the state has no \"step\" tensor", where));
   if (step_of(*step, "step") < 0) throw Error(fmt::format("{}: \"step\" is negative", where));
   // every check before anything changes, on the whole state: each rank finds the same errors
@@ -244,13 +241,13 @@ void Zero1::load_state(const nn::NamedTensors& state) {
     const std::string& n = params_[i].first;
     const Parameter& p = params_[i].second;
     known.insert(n + ".step");
-    if (const Tensor* ps = find(state, n + ".step")) {
+    if (const Tensor* ps = index.find(n + ".step")) {
       steps[i] = step_of(*ps, n + ".step");
       if (steps[i] < 1) throw Error(fmt::format("{}: \"{}.step\" must be >= 1, got {}", where, n, steps[i]));
     }
     for (const std::string& sl : slots) {
       known.insert(n + "." + sl);
-      const Tensor* t = find(state, n + "." + sl);
+      const Tensor* t = index.find(n + "." + sl);
       if (steps[i] > 0 && !t) throw Error(fmt::format("{}: \"{}.{}\" is missing", where, n, sl));
       if (steps[i] == 0 && t) throw Error(fmt::format("{}: \"{}.{}\" is present but \"{}.step\" is not", where, n, sl, n));
       if (t && (t->shape() != p.shape() || t->dtype() != dtype_))

@@ -175,6 +175,18 @@ std::string link_target(const std::string& path) {
   throw Error(fmt::format("save_safetensors: too many levels of symbolic links at \"{}\"", path));
 }
 
+// The temporary file's name less its ".tmp-<pid>-<stamp>" (at most 30
+// characters): the target's, its file name cut to 200 bytes so that the
+// whole stays within a file name's 255 (a target named 240 bytes long is
+// valid; its temporary name must be too).
+std::string temp_stem(const std::string& target) {
+  constexpr std::size_t kMaxStem = 200;
+  const std::size_t slash = target.find_last_of('/');
+  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  if (target.size() - base <= kMaxStem) return target;
+  return target.substr(0, base + kMaxStem);
+}
+
 // ---- reader ----
 
 struct Entry {
@@ -317,7 +329,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   File f;
   auto stamp = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   for (int attempt = 0; f.fd() < 0; ++attempt) {
-    tmp = fmt::format("{}.tmp-{}-{:x}", target, static_cast<long>(::getpid()), stamp + static_cast<std::uint64_t>(attempt));
+    tmp = fmt::format("{}.tmp-{}-{:x}", temp_stem(target), static_cast<long>(::getpid()),
+                      stamp + static_cast<std::uint64_t>(attempt));
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, existed ? 0600 : 0666);
     if (fd >= 0) f.reset(fd);
     else if (errno != EEXIST || attempt > 100) throw Error(sys_error("save_safetensors: cannot create a temporary file next to", target));

@@ -138,6 +138,8 @@ void Dropout::visit(Visitor& v) const { v.buffer("rng_state", rng_state); }
 // ---- MLP ----
 MLP::MLP(const std::vector<std::int64_t>& sizes, Rng& rng, MLPOptions o) : activation(o.activation) {
   if (sizes.size() < 2) throw Error(fmt::format("MLP: needs at least two sizes (in and out), got {}", sizes.size()));
+  if (!(o.dropout >= 0.0 && o.dropout < 1.0))
+    throw Error(fmt::format("MLP: dropout must be in [0, 1), got {}", o.dropout));
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) layers.push_back(Linear(sizes[i], sizes[i + 1], rng, o.linear));
   if (o.dropout > 0) dropout = Dropout(o.dropout, rng);
 }

@@ -1,6 +1,7 @@
 #include "ad/nn/module.hpp"
 
 #include <functional>
+#include <unordered_set>
 
 namespace ad::nn {
 
@@ -60,7 +61,9 @@ NamedTensors Module::named_buffers() const {
 
 std::int64_t Module::num_parameters() const {
   std::int64_t n = 0;
-  for (auto& np : named_parameters()) n += np.second.value().numel();
+  std::unordered_set<const ParamState*> seen;  // a tied parameter (under two names) counts once
+  for (auto& np : named_parameters())
+    if (seen.insert(np.second.state()).second) n += np.second.value().numel();
   return n;
 }
 

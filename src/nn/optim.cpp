@@ -5,8 +5,10 @@
 #include <cmath>
 #include <numbers>
 #include <set>
+#include <unordered_set>
 
 #include "core/vec.hpp"
+#include "nn/named_index.hpp"
 
 namespace ad::nn {
 
@@ -150,11 +152,6 @@ NamedParameters name_by_index(const std::vector<Parameter>& params) {
   }
   return out;
 }
-const Tensor* find(const NamedTensors& s, const std::string& name) {
-  for (const auto& nt : s)
-    if (nt.first == name) return &nt.second;
-  return nullptr;
-}
 std::int64_t scalar_i64(const Tensor& t, const std::string& name) {
   if (t.dtype() != DType::i64 || t.numel() != 1)
     throw Error(fmt::format("Optimizer::load_state: \"{}\" must be one i64 value, got {}{}", name, dtype_name(t.dtype()),
@@ -204,12 +201,26 @@ void Optimizer::zero_grad() const {
 void Optimizer::step() {
   double lr_now = lr();
   std::vector<std::string> slot_list = slot_names();
+  // every check before any parameter changes: an error leaves no step half taken
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i].second;
-    if (!p.has_fresh_grad()) continue;  // no loss reached it since zero_grad(): no step, no state change
+    if (!p.has_fresh_grad()) continue;
     if (p.grad().shape() != p.shape() || p.grad().dtype() != p.dtype())
       throw Error(fmt::format("{}.step: gradient of \"{}\" is {}{}, parameter is {}{}", name(), params_[i].first,
                               dtype_name(p.grad().dtype()), p.grad().shape().str(), dtype_name(p.dtype()), p.shape().str()));
+    // a Parameter given a tensor of another shape or dtype after its state was formed (or loaded)
+    for (std::size_t k = 0; k < slots_[i].size() && k < slot_list.size(); ++k) {
+      const Tensor& t = slots_[i][k];
+      if (t.shape() != p.shape() || t.dtype() != p.dtype())
+        throw Error(fmt::format("{}.step: state \"{}.{}\" is {}{}, parameter is {}{} (the parameter was given a tensor "
+                                "of another shape or dtype: make a new optimizer for it, or load a state that matches)",
+                                name(), params_[i].first, slot_list[k], dtype_name(t.dtype()), t.shape().str(),
+                                dtype_name(p.dtype()), p.shape().str()));
+    }
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i].second;
+    if (!p.has_fresh_grad()) continue;  // no loss reached it since zero_grad(): no step, no state change
     auto& slots = slots_[i];
     while (slots.size() < slot_list.size()) slots.push_back(Tensor::zeros(p.shape(), p.dtype()));
     update(p, slots, ++param_steps_[i], lr_now);
@@ -234,10 +245,9 @@ NamedTensors Optimizer::state() const {
 void Optimizer::load_state(const NamedTensors& state) {
   const std::string where = fmt::format("{}::load_state", name());
   std::vector<std::string> slot_list = slot_names();
-  std::set<std::string> known{"step"}, seen;
-  for (const auto& nt : state)
-    if (!seen.insert(nt.first).second) throw Error(fmt::format("{}: tensor \"{}\" appears twice", where, nt.first));
-  const Tensor* st = find(state, "step");
+  std::unordered_set<std::string> known{"step"};
+  const detail::NamedIndex index(state, where.c_str());
+  const Tensor* st = index.find("step");
   if (!st) throw Error(fmt::format("{}: the state has no \"step\" tensor", where));
   std::int64_t step = scalar_i64(*st, "step");
   if (step < 0) throw Error(fmt::format("{}: \"step\" is negative ({})", where, step));
@@ -249,12 +259,12 @@ void Optimizer::load_state(const NamedTensors& state) {
     const Parameter& p = params_[i].second;
     known.insert(n + ".step");
     for (const auto& s : slot_list) known.insert(n + "." + s);
-    if (const Tensor* ps = find(state, n + ".step")) {
+    if (const Tensor* ps = index.find(n + ".step")) {
       steps[i] = scalar_i64(*ps, n + ".step");
       if (steps[i] < 1) throw Error(fmt::format("{}: \"{}.step\" must be >= 1, got {}", where, n, steps[i]));
     }
     for (const auto& s : slot_list) {
-      const Tensor* t = find(state, n + "." + s);
+      const Tensor* t = index.find(n + "." + s);
       if (steps[i] > 0 && !t) throw Error(fmt::format("{}: \"{}.{}\" is missing", where, n, s));
       if (steps[i] == 0 && t) throw Error(fmt::format("{}: \"{}.{}\" is present but \"{}.step\" is not", where, n, s, n));
       if (t && (t->shape() != p.shape() || t->dtype() != p.dtype()))

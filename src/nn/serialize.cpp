@@ -4,6 +4,7 @@
 
 #include <map>
 #include <set>
+#include <unordered_map>
 
 namespace ad::nn {
 
@@ -45,7 +46,24 @@ std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m
         throw Error(fmt::format("{}: unexpected tensor \"{}\" (not a parameter or buffer of the module)", what, nt.first));
   return out;
 }
+// A source sharing storage with another pair's destination (a state taken
+// from the module itself with its names moved: swapping two layers) is copied
+// before any destination is written, so that no source is overwritten before
+// it is read.
 void apply(std::vector<std::pair<Tensor, const Tensor*>>& pairs) {
+  std::unordered_map<const Storage*, int> dests;  // destinations per storage
+  for (const auto& p : pairs) ++dests[p.first.storage().get()];
+  std::vector<Tensor> snapshots;
+  snapshots.reserve(pairs.size());
+  for (auto& p : pairs) {
+    const Storage* s = p.second->storage().get();
+    auto it = dests.find(s);
+    const bool aliased = it != dests.end() && it->second > (p.first.storage().get() == s ? 1 : 0);
+    if (aliased) {
+      snapshots.push_back(p.second->clone());
+      p.second = &snapshots.back();  // reserve() above: the address stays
+    }
+  }
   for (auto& p : pairs) p.first.copy_from(*p.second);
 }
 }  // namespace

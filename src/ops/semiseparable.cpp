@@ -247,11 +247,16 @@ Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand&
   // Full, on the CPU: W = V^T x as its own node (B r D values) that the
   // backward reads, so it makes one pass over x and v fewer. (The CUDA kernels
   // form W themselves; the node above has then checked every input.)
-  const Meta& m = y.graph()->node(y.id()).meta;
-  if (causal || m.device.kind != DeviceKind::cpu) return y;
-  y.graph()->drop_last(y.id());
-  Var w = make_node(OpId::semiseparable_sums, {x, v}, at);
-  return make_node(OpId::semiseparable_matvec, {x, t_diag, t_upper, t_lower, u, v, w}, at);
+  GraphImpl* const g = y.graph();
+  const Node& n = g->node(y.id());
+  if (causal || n.meta.device.kind != DeviceKind::cpu) return y;
+  // the inputs as placed in y's graph (a Parameter operand has its node there
+  // now; x and v both Parameters would leave the sums node no graph to go in)
+  std::vector<Operand> in;
+  for (std::int32_t id : n.inputs) in.emplace_back(Var(g, id));
+  g->drop_last(y.id());
+  Var w = make_node(OpId::semiseparable_sums, {in[0], in[5]}, at);
+  return make_node(OpId::semiseparable_matvec, {in[0], in[1], in[2], in[3], in[4], in[5], w}, at);
 }
 
 // ---- semiseparable_matvec_backward ----  (x, t_diag, t_upper, t_lower, u, v, dy (, w)) -> one

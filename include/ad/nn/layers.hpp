@@ -105,7 +105,7 @@ class Dropout : public Module {
 
 struct MLPOptions {
   Activation activation = Activation::relu;  // between layers, not after the last
-  double dropout = 0;                        // after each activation (training mode)
+  double dropout = 0;                        // after each activation (training mode); in [0, 1)
   LinearOptions linear;
 };
 

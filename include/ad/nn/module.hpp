@@ -51,7 +51,7 @@ class Module {
   std::vector<Parameter> parameters() const;
   // Every buffer, named like parameters.
   NamedTensors named_buffers() const;
-  // Total number of trainable elements.
+  // Total number of trainable elements (a parameter tied under two names counts once).
   std::int64_t num_parameters() const;
   // Sets the gradient of every parameter that has one to zero.
   void zero_grad() const;
