@@ -1166,3 +1166,32 @@ TEST_CASE("semiseparable_matvec (full, CPU) with x and v both Parameters places 
   CHECK(v.has_grad());
 }
 }  // namespace ad::test
+namespace ad::test {
+TEST_CASE("semiseparable_solve: a Woodbury result that lost its digits (T far worse conditioned than H) is an ad::Error") {
+  // H = d + u v = 1 + 1e-17: perfectly conditioned, but T^-1 = 1e17 and the two Woodbury terms cancel (y was 0)
+  for (DType t : {DType::f64, DType::f32}) {
+    const double tiny = t == DType::f64 ? 1e-17 : 1e-9;
+    Graph g;
+    Var y = semiseparable_solve(g.input(Tensor::full({1, 1, 1}, 1.0, t)), g.input(Tensor::full({1}, tiny, t)),
+                                g.input(Tensor::zeros({0}, t)), g.input(Tensor::zeros({0}, t)),
+                                g.input(Tensor::ones({1, 1}, t)), g.input(Tensor::ones({1, 1}, t)));
+    CHECK_THROWS_WITH_AS(eval(y), doctest::Contains("semiseparable_solve: the Woodbury solve lost its accuracy"), Error);
+  }
+  // N = 2: T = diag(1e-17, 1), u = v = e_1; H = diag(1 + 1e-17, 1) (y was (0, 1), not (1, 1))
+  Graph g;
+  Tensor u = Tensor::zeros({2, 1}, DType::f64);
+  u.data<double>()[0] = 1;
+  Tensor d = Tensor::ones({2}, DType::f64);
+  d.data<double>()[0] = 1e-17;
+  Var y = semiseparable_solve(g.input(Tensor::ones({1, 2, 1}, DType::f64)), g.input(d),
+                              g.input(Tensor::zeros({1}, DType::f64)), g.input(Tensor::zeros({1}, DType::f64)),
+                              g.input(u), g.input(u.clone()));
+  CHECK_THROWS_WITH_AS(eval(y), doctest::Contains("relative residual"), Error);
+  // the same H with a well-scaled split (T = H, no rank term needed: u = 0) solves
+  Graph g2;
+  Var y2 = semiseparable_solve(g2.input(Tensor::ones({1, 2, 1}, DType::f64)), g2.input(Tensor::ones({2}, DType::f64)),
+                               g2.input(Tensor::zeros({1}, DType::f64)), g2.input(Tensor::zeros({1}, DType::f64)),
+                               g2.input(Tensor::zeros({2, 1}, DType::f64)), g2.input(Tensor::zeros({2, 1}, DType::f64)));
+  CHECK(eval(y2).to_vector() == std::vector<double>{1.0, 1.0});
+}
+}  // namespace ad::test

@@ -42,11 +42,17 @@ Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand&
 // pivot: T should be diagonally dominant or otherwise LU-stable), or when the
 // capacitance matrix C = I + V^T T^-1 U is singular to working precision
 // (||C^-1||_1 (1 + ||V^T T^-1 U||_1) u >= 0.1, u = 2^-24 for f32, 2^-53 for
-// f64: past that the solution has no correct digit). The estimate takes the
-// error of forming S = V^T T^-1 U as u (1 + ||S||); where S's sums cancel
-// (terms far larger than S) it is larger, and a numerically singular H can
-// pass: H = T + u v^T with v^T T^-1 u = -1 built from random vectors at
-// N >= 1000 returned y ~ 1e15 (a known gap).
+// f64: past that the solution has no correct digit), or (on the CPU) when
+// the result's relative residual ||x - H y||_inf / (||H||_inf ||y||_inf +
+// ||x||_inf) exceeds 1e-8 (f64) or 1e-3 (f32): the Woodbury formula is not
+// backward stable, and where T^-1 is far larger than H^-1 (T = diag(1e-17,
+// 1), u = v = e_1) its two terms cancel and y lost every digit with no other
+// check failing. The residual costs one more product with H. The capacitance
+// estimate takes the error of forming S = V^T T^-1 U as u (1 + ||S||); where
+// S's sums cancel (terms far larger than S) it is larger, and a numerically
+// singular H can pass both checks: H = T + u v^T with v^T T^-1 u = -1 built
+// from random vectors at N >= 1000 returned y ~ 1e15, a small residual for
+// a y that large (a known gap). On a GPU the residual is not checked yet.
 Var semiseparable_solve(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
                         const Operand& u, const Operand& v);
 
@@ -66,7 +72,11 @@ Var tridiag_solve(const Operand& t_diag, const Operand& t_upper, const Operand& 
 // t_lower and z (reverse mode through the recurrences, O(N) per shift, run
 // on T / 2^m and scaled back, so scaling T and z by 2^k scales the gradients
 // by 2^-2k exactly; the gradient is finite while no leading or trailing
-// principal minor of T - zI vanishes and it is itself within double's range).
+// principal minor of T - zI vanishes, it is itself within double's range and
+// the entries of T - zI span less than about 10^150 in magnitude: the one
+// scale 2^m that the backward runs at must hold every G_ii^2, and diagonal
+// entries 1e160 and 1 apart overflow it (inf and NaN gradients; a known
+// limit, the real and the complex op alike).
 // A zero coupling (t_upper or t_lower exactly 0) splits T into blocks: z at an
 // eigenvalue of one block makes its rows infinite, the other rows stay right.
 Var tridiag_resolvent_diag(const Operand& t_diag, const Operand& t_upper, const Operand& t_lower, const Operand& z);

@@ -1296,6 +1296,74 @@ std::size_t woodbury_ws_bytes(const Dims& dm, std::size_t elem) {
   return c.bytes;
 }
 
+// The Woodbury formula is not backward stable: where T^-1 is far larger than
+// H^-1 (T nearly singular, H not: T = diag(1e-17, 1), u = v = e_1) its two
+// terms cancel and y loses every digit with no pivot or capacitance check
+// failing. So the solve measures what it returned: the relative residual
+// eta = ||x - H y||_inf / (||H||_inf ||y||_inf + ||x||_inf) (||H||_inf
+// bounded by T's largest row sum plus ||U||_inf ||V^T||_inf; the residual
+// summed in f64, V^T y in T's dtype) and throws when eta exceeds
+// kResidualLimit: about sqrt(u) (1e-8 in f64, 1e-3 in f32): y is then the
+// exact solution of no system closer to H than that. S: B chunks r D
+// elements (V^T y, per b in slot 0). Not checked: non-finite x or y.
+template <class T>
+void check_residual(const char* op, const Dims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
+                    const T* v, const T* y, T* S) {
+  const i64 B = dm.B, N = dm.N, D = dm.D, r = dm.r, nc = dm.chunks(), rD = r * D;
+  if (B * N * D == 0) return;
+  const double limit = sizeof(T) == 4 ? 1e-3 : 1e-8;
+  double tmax = 0, umax = 0;
+  for (i64 i = 0; i < N; ++i) {
+    double row = std::fabs(static_cast<double>(d[i]));
+    if (i > 0) row += std::fabs(static_cast<double>(lo[i - 1]));
+    if (i + 1 < N) row += std::fabs(static_cast<double>(up[i]));
+    tmax = std::max(tmax, row);
+    double us = 0;
+    for (i64 k = 0; k < r; ++k) us += std::fabs(static_cast<double>(u[i * r + k]));
+    umax = std::max(umax, us);
+  }
+  std::vector<double> vcol(static_cast<std::size_t>(r), 0.0);  // column sums of |V|: the row sums of |V^T|
+  for (i64 j = 0; j < N; ++j)
+    for (i64 k = 0; k < r; ++k) vcol[static_cast<std::size_t>(k)] += std::fabs(static_cast<double>(v[j * r + k]));
+  const double hnorm = tmax + umax * (r ? *std::max_element(vcol.begin(), vcol.end()) : 0.0);
+  if (r > 0) total_sums(dm, y, v, S);  // V^T y_b
+  struct Part { double res = 0, ymax = 0, xmax = 0; bool finite = true; };
+  std::vector<Part> parts(static_cast<std::size_t>(B * nc));
+  parallel::parallel_for(B * nc, static_cast<double>(2 * B * N * rD + 6 * B * N * D), [&](i64 t) {
+    const i64 b = t / nc, c = t % nc, i0 = c * dm.L, i1 = std::min(N, i0 + dm.L);
+    const T* W = S + b * nc * rD;
+    Part& pt = parts[static_cast<std::size_t>(t)];
+    for (i64 i = i0; i < i1; ++i)
+      for (i64 e = 0; e < D; ++e) {
+        const i64 at = (b * N + i) * D + e;
+        double h = static_cast<double>(d[i]) * static_cast<double>(y[at]);
+        if (i > 0) h += static_cast<double>(lo[i - 1]) * static_cast<double>(y[at - D]);
+        if (i + 1 < N) h += static_cast<double>(up[i]) * static_cast<double>(y[at + D]);
+        for (i64 k = 0; k < r; ++k) h += static_cast<double>(u[i * r + k]) * static_cast<double>(W[k * D + e]);
+        const double xv = static_cast<double>(x[at]), yv = static_cast<double>(y[at]);
+        pt.finite = pt.finite && std::isfinite(xv) && std::isfinite(yv) && std::isfinite(h);
+        pt.res = std::max(pt.res, std::fabs(xv - h));
+        pt.ymax = std::max(pt.ymax, std::fabs(yv));
+        pt.xmax = std::max(pt.xmax, std::fabs(xv));
+      }
+  });
+  Part all;
+  for (const Part& pt : parts) {
+    all.finite = all.finite && pt.finite;
+    all.res = std::max(all.res, pt.res);
+    all.ymax = std::max(all.ymax, pt.ymax);
+    all.xmax = std::max(all.xmax, pt.xmax);
+  }
+  const double scale = hnorm * all.ymax + all.xmax;
+  if (!all.finite || !std::isfinite(scale) || scale == 0) return;
+  const double eta = all.res / scale;
+  if (eta > limit)
+    kernel_fail(op, fmt::format("the Woodbury solve lost its accuracy: relative residual ||x - H y|| / (||H|| ||y|| + "
+                                "||x||) = {:.3g}, over {:g} for {}: T is too ill-conditioned for the formula (T^-1 far "
+                                "larger than H^-1) or H is nearly singular",
+                                eta, limit, sizeof(T) == 4 ? "f32" : "f64"));
+}
+
 template <class T>
 void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, const T* up, const T* lo, const T* u,
                     const T* v, T* y, bool trans, void* ws) {
@@ -1330,6 +1398,7 @@ void woodbury_solve(const char* op, const Dims& dm, const T* x, const T* d, cons
       mix_acc(y + (b * N + i) * D, nz.data(), W, r, D);  // y -= Z S_b
     }
   });
+  check_residual(op, dm, x, d, up, lo, u, v, y, S);
 }
 
 std::size_t woodbury_backward_ws_bytes(const Dims& dm, std::size_t elem) {
