@@ -392,7 +392,7 @@ TEST_CASE("nn num_parameters counts a tied parameter once") {
   CHECK(mlp.num_parameters() == 3 * 4 + 4);
 }
 
-TEST_CASE("nn MLP dropout outside [0, 1) is an ad::Error, NaN and negative values too") {
+TEST_CASE("nn MLP dropout below 0, at or above 1, or NaN is an ad::Error") {
   ad::Rng rng(32);
   for (double p : {-0.5, 1.0, 2.0, std::nan("")}) {
     nn::MLPOptions o;
