@@ -46,6 +46,12 @@ struct AttentionOptions {
 // unit roundoffs u of the input type (bf16 u = 2^-8, f16 u = 2^-11) relative
 // to the largest value of each result — tested on the CPU at <= 4 u against
 // f64, peaked rows included — not f32 accuracy.
+// Every dtype: the backward recomputes the probabilities from one stored
+// value per row, lse = m + log(sum exp(s - m)), so they carry an error of
+// about |m| u where m is the row's largest score (scale q . k): with scores
+// far past 1/u (1e7 in f32, 1e15 in f64) the gradients are meaningless even
+// where the output is right (a review: two tied keys scored 3e10 in f32 gave
+// dv twice dO). A known limit, as in FlashAttention; keep scores moderate.
 // Grouped-query attention when Hkv < H: Hkv must divide H, and query head h
 // uses key/value head g(h) = h / (H / Hkv).
 // A query row whose keys are all masked (key_lengths[b] = 0, or causal with

@@ -36,6 +36,11 @@
 // f32 kernels still keep plain f32 rings, whose per-position errors add up
 // to about 8e-2 there (and values outside [0, 1]): take f64 on a GPU for K
 // in the hundreds or more.
+// f64 has the same kind of limit far out: logZ's gradients come from
+// exp(alpha + beta - logZ), each term of the size of the cumulative scores,
+// so their error is about (cumulative score) u: with position scores near
+// 1e15 (1e20 with Tr (C, C)) two tied segmentations no longer split 0.5 /
+// 0.5 (a review's case). Keep scores well under 1/u of the dtype.
 #include "ad/graph.hpp"
 
 namespace ad {
