@@ -428,3 +428,27 @@ TEST_CASE("shape: rank limit") {
   CHECK(ad::Shape{}.numel() == 1);
   CHECK(ad::Shape{3, 0}.numel() == 0);
 }
+
+TEST_CASE("tensor: i64 above 2^53 converts to f32, bf16 and f16 with one rounding") {
+  const std::int64_t two60 = std::int64_t{1} << 60;
+  const std::vector<std::int64_t> v{two60 + (std::int64_t{1} << 36) + 1, two60 + (std::int64_t{1} << 52) + 1,
+                                    std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
+                                    -(two60 + (std::int64_t{1} << 36) + 1), 65519, 65520};
+  ad::Tensor t = ad::Tensor::empty({static_cast<std::int64_t>(v.size())}, ad::DType::i64);
+  for (std::size_t i = 0; i < v.size(); ++i) t.data<std::int64_t>()[i] = v[i];
+  const auto f = t.to(ad::DType::f32).to_vector(), b = t.to(ad::DType::bf16).to_vector(),
+             h = t.to(ad::DType::f16).to_vector(), d = t.to(ad::DType::f64).to_vector();
+  const double p60 = 1152921504606846976.0;
+  CHECK(f[0] == p60 + 137438953472.0);  // 2^60 + 2^37: above the tie (was 2^60, rounded twice)
+  CHECK(b[1] == p60 + 9007199254740992.0);  // 2^60 + 2^53 (was 2^60)
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i);
+    CHECK(f[i] == static_cast<double>(static_cast<float>(v[i])));  // the hardware's correctly rounded conversion
+    CHECK(d[i] == static_cast<double>(v[i]));
+  }
+  CHECK(f[2] == 9223372036854775808.0);
+  CHECK(f[3] == -9223372036854775808.0);
+  CHECK(f[4] == -f[0]);
+  CHECK(h[5] == 65504.0);  // below the f16 overflow threshold 65520
+  CHECK(std::isinf(h[6]));
+}

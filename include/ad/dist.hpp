@@ -80,7 +80,10 @@ class Communicator {
   void barrier() const;
 
   // Non-blocking all_reduce of t (sum, or mean applied at wait()). t must
-  // stay alive and untouched until wait() returns.
+  // stay untouched until wait() returns. A Work destroyed or assigned over
+  // before wait() waits for its collective then (errors swallowed; should
+  // that wait fail, the tensor's buffer is kept alive, leaked, rather than
+  // freed under a transfer): call wait() to see its errors.
   class Work {
    public:
     Work();
@@ -95,6 +98,7 @@ class Communicator {
 
    private:
     friend class Communicator;
+    void settle() noexcept;
     std::unique_ptr<Impl> impl_;
   };
   Work all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::sum) const;

@@ -53,6 +53,27 @@ double load(DType t, const void* p, std::int64_t i) {
   }
   return 0;
 }
+// i64 -> f64 rounded to odd (truncated toward zero, last bit set when
+// inexact), for an i64 going to f32, f16 or bf16: rounding it once more to
+// nearest then gives the i64's own nearest value. Through the nearest f64
+// (|v| > 2^53) a tie could form and round the wrong way: 2^60 + 2^36 + 1 came
+// out 2^60 in f32, whose nearest is 2^60 + 2^37.
+double i64_to_f64_odd(std::int64_t v) {
+  const double d = static_cast<double>(v);
+  double t;
+  if (d >= 9223372036854775808.0) {  // rounded up to 2^63: truncation is the double below it
+    t = 9223372036854774784.0;
+  } else {
+    const auto back = static_cast<std::int64_t>(d);
+    if (back == v) return d;
+    t = (v < 0 ? back < v : back > v) ? std::nextafter(d, 0.0) : d;  // rounded away from zero: one step back
+  }
+  std::uint64_t b;
+  std::memcpy(&b, &t, sizeof b);
+  b |= 1u;
+  std::memcpy(&t, &b, sizeof t);
+  return t;
+}
 void check_shape(const Shape& s, const char* what) {
   for (auto d : s)
     if (d < 0) throw Error(fmt::format("{}: negative dimension in shape {}", what, s.str()));
@@ -249,6 +270,11 @@ void Tensor::copy_from(const Tensor& src) {
     if (is_cuda() || src.is_cuda()) {  // convert on the host
       Tensor h = src.to(Device::cpu()).to(dtype_);
       device::copy(raw(), device(), h.raw(), Device::cpu(), nbytes());
+      return;
+    }
+    if (src.dtype_ == DType::i64 && dtype_ != DType::f64) {  // one rounding, not two (i64_to_f64_odd)
+      const auto* q = static_cast<const std::int64_t*>(src.raw());
+      visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return i64_to_f64_odd(q[i]); });
       return;
     }
     visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return load(src.dtype_, src.raw(), i); });

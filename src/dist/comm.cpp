@@ -222,8 +222,27 @@ void Communicator::Work::Impl::finish() {
 }
 Communicator::Work::Work() = default;
 Communicator::Work::Work(Work&&) noexcept = default;
-Communicator::Work& Communicator::Work::operator=(Work&&) noexcept = default;
-Communicator::Work::~Work() = default;
+// A Work dropped before wait() (gone out of scope, replaced, unwound past by
+// an exception) waits for its collective first: the other ranks joined it,
+// and MPI or NCCL would go on writing into its tensor after the tensor's
+// memory was freed (a segfault, seen). Should that wait fail, the request
+// and the tensor it holds are kept (leaked), never freed under a transfer.
+void Communicator::Work::settle() noexcept {
+  if (!impl_ || impl_->done) return;
+  try {
+    wait();
+  } catch (...) {
+    (void)impl_.release();
+  }
+}
+Communicator::Work& Communicator::Work::operator=(Work&& o) noexcept {
+  if (this != &o) {
+    settle();
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+Communicator::Work::~Work() { settle(); }
 
 void Communicator::Work::wait() {
   if (!impl_ || impl_->done) return;

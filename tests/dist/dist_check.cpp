@@ -115,6 +115,22 @@ void collectives(const ad::dist::Communicator& c) {
   ad::Tensor one = ad::Tensor::ones({1}, ad::DType::f64);
   c.all_reduce(one);
   check(one.item() == p, "usable after an error", c);
+  // an async all_reduce dropped before wait() completes (MPI wrote into the freed tensor before: a segfault),
+  // and one assigned over is waited for first
+  {
+    ad::Tensor a = ad::Tensor::full({1 << 16}, r + 1.0, ad::DType::f64);
+    { auto w = c.all_reduce_async(a); }
+    check(a.to_vector()[0] == p * (p + 1) / 2.0 && a.to_vector()[(1 << 16) - 1] == p * (p + 1) / 2.0,
+          "an async all_reduce dropped before wait() completes", c);
+    ad::Tensor m = ad::Tensor::full({1000}, 2.0 * r, ad::DType::f64), s = ad::Tensor::ones({7}, ad::DType::f64);
+    auto w = c.all_reduce_async(m, ad::dist::ReduceOp::mean);
+    w = c.all_reduce_async(s);
+    w.wait();
+    check(m.to_vector()[999] == p - 1.0 && s.to_vector()[6] == p, "an async all_reduce assigned over is waited for", c);
+  }
+  c.barrier();
+  c.all_reduce(one);
+  check(one.item() == 1.0 * p * p, "usable after dropped async work", c);
   // DataParallel: a parameter no rank's loss reached is not stepped (as in one process)
   {
     ad::Parameter used = ad::Parameter::zeros({4}, ad::DType::f64, "used"), idle = ad::Parameter::zeros({4}, ad::DType::f64, "idle");
