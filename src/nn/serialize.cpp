@@ -2,9 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <map>
 #include <set>
 #include <unordered_map>
+
+#include "nn/named_index.hpp"
 
 namespace ad::nn {
 
@@ -20,21 +21,18 @@ namespace {
 // `what` names the caller in errors (load_module_state, load_checkpoint).
 std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m, const NamedTensors& state, bool strict,
                                                                  const char* what) {
-  std::map<std::string, const Tensor*> src;
-  for (const auto& nt : state)
-    if (!src.emplace(nt.first, &nt.second).second)
-      throw Error(fmt::format("{}: tensor \"{}\" appears twice", what, nt.first));
+  const detail::NamedIndex src(state, what);
   std::set<std::string> names;
   std::vector<std::pair<Tensor, const Tensor*>> out;
   for (const auto& d : module_state(m)) {
     names.insert(d.first);
-    auto it = src.find(d.first);
-    if (it == src.end()) {
+    const Tensor* found = src.find(d.first);
+    if (!found) {
       if (strict) throw Error(fmt::format("{}: \"{}\" ({}{}) is missing", what, d.first, dtype_name(d.second.dtype()),
                                           d.second.shape().str()));
       continue;
     }
-    const Tensor& s = *it->second;
+    const Tensor& s = *found;
     if (s.shape() != d.second.shape() || s.dtype() != d.second.dtype())
       throw Error(fmt::format("{}: \"{}\" is {}{} in the source but {}{} in the module", what, d.first,
                               dtype_name(s.dtype()), s.shape().str(), dtype_name(d.second.dtype()), d.second.shape().str()));
