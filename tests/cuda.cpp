@@ -417,7 +417,10 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                   // the one-pass causal kernel (D a power of two from 8): odd r, D = 8 and 32, many chunks
                   {2, 5000, 8, 7, 0, true},     {1, 3000, 32, 3, 0, true},  {1, 9000, 16, 22, 0, true},
                   // many chunks in three batches: the look-back stops at each batch's first chunk
-                  {3, 20000, 16, 22, 0, true}};
+                  {3, 20000, 16, 22, 0, true},
+                  // more than 32 clusters of 8 chunks (variants 5 and 6): the clusters' look-back crosses
+                  // windows of 32; the last cluster padded (not yet run on a GPU)
+                  {1, 131149, 16, 22, 0, true}};
   for (const M& m : ms) {
     const bool causal = m.causal;
     const std::int64_t chunk = m.chunk;
@@ -447,8 +450,9 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                     uniform64({4, 2}, rng, -0.5, 0.5)},
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
-  // default, the first tiled, the warp-level, the staged ones, those with bulk copies): all run
-  for (int variant : {0, 1, 2, 3, 4}) {
+  // default, the first tiled, the warp-level, the staged ones, those with bulk copies, the causal product in
+  // clusters of 8 and 4 chunks): all run
+  for (int variant : {0, 1, 2, 3, 4, 5, 6}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];

@@ -171,8 +171,24 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
       CHECK(sp::staged_scan_ws_bytes(1, N, D, r) == sp::staged_scan_flag_bytes(1, N, D, r) + nc * r * D * 12);
       CHECK(sp::staged_scan_ws_bytes(1, N, D, r) <= nc * c.Lg * D + flags);  // at most a quarter of x
       CHECK((nc * r * D * 4) % 16 == 0);  // the f64 prefixes after the f32 sums stay 16-byte aligned
+      // the clustered kernel's layout: the cluster's prefix after E; its units (clusters of 4 or 8 chunks,
+      // a batch's chunks padded) fit the one-pass kernel's workspace, as its launcher requires
+      const sp::StagedScan k = sp::staged_scan(r, D, true);
+      if (!k.fits) continue;
+      CHECK(k.smem_bytes <= sp::kScanSmem);
+      CHECK((k.oG % 4 == 0 && k.oG - k.oE >= 2 * r * D && k.smem_bytes >= (k.oG + 2 * r * D) * 4));
+      CHECK((k.Lg <= c.Lg && k.Lg == k.H * k.SR));
+      for (std::int64_t B : {1, 3})
+        for (std::int64_t Nk : {std::int64_t{1}, std::int64_t{1000}, N + 1})
+          for (std::int64_t CS : {4, 8}) {
+            const std::int64_t units = B * (((Nk + k.Lg - 1) / k.Lg + CS - 1) / CS);
+            const std::int64_t fb = sp::staged_scan_flag_bytes(B, Nk, D, r);
+            CHECK((units + 1) * 4 <= fb);
+            CHECK(fb + units * r * D * 12 <= sp::staged_scan_ws_bytes(B, Nk, D, r));
+          }
     }
   CHECK(scan_fits > 60);
   CHECK(sp::staged_scan(22, 16).fits);  // the issue's size
+  CHECK(sp::staged_scan(22, 16, true).fits);
   CHECK(!sp::staged_scan(22, 12).fits);  // D not a power of two: the two-pass kernels
 }

@@ -131,14 +131,17 @@ inline StagedRows staged_rows(std::int64_t r, std::int64_t D) {
 // and its inclusive prefix in f64). Shared memory within kScanSmem: two
 // blocks per multiprocessor. The workspace is at most a quarter of x's size
 // (Lg >= 16 r: 12 r D bytes a chunk against 4 Lg D of x).
+// cluster: the layout of the clustered kernel (semiseparable.cu, variants 5
+// and 6), which also holds its cluster's exclusive prefix (r x D doubles at
+// oG); chunks are a little shorter for it.
 struct StagedScan {
   int Dh, H, HW, SR, Lg;
-  int ox, ov, ou, od, olo, owt, oE;  // float offsets in shared memory (oE: doubles start there)
+  int ox, ov, ou, od, olo, owt, oE, oG;  // float offsets in shared memory (oE, oG: doubles start there)
   std::int64_t smem_bytes;
   bool fits;  // shared memory within the limit, the workspace bound above, r D <= 1024
 };
 constexpr std::int64_t kScanSmem = 110 * 1024;  // two blocks per multiprocessor (228 KB each)
-inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
+inline StagedScan staged_scan(std::int64_t r, std::int64_t D, bool cluster = false) {
   StagedScan p{};
   if (!(D == 8 || D == 16 || D == 32 || D == 64) || r < 1 || r > 32) return p;
   const std::int64_t limit = kScanSmem;
@@ -156,6 +159,7 @@ inline StagedScan staged_scan(std::int64_t r, std::int64_t D) {
     p.owt = static_cast<int>(o), o += 8 * r * D;
     o = (o + 3) / 4 * 4;
     p.oE = static_cast<int>(o), o += 2 * r * D;
+    p.oG = static_cast<int>(o), o += cluster ? 2 * r * D : 0;
     return o * 4;
   };
   int SR = 32;

@@ -17,12 +17,14 @@
 // The Woodbury solve (semiseparable_solve, compiled, not run on a GPU) composes
 // the Thomas launchers, cuBLAS, the sweep and a one-thread LU of the r x r
 // capacitance matrix with the CPU's own code (semisep::lu_factor / lu_solve).
+#include <cooperative_groups.h>
 #include <cuda_pipeline_primitives.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "core/device.hpp"
@@ -1403,6 +1405,60 @@ __device__ inline void publish_sums(E* to, const double2 (&val)[2], int nP, int*
   if (t == 0) st_release(f, flag);
 }
 
+// The exclusive prefix of unit c >= 1 of a sequence of units (chunks, or
+// clusters of chunks), added into ex: f, ag and in are the sequence's flags
+// (1: the unit's sum is published, 2: its inclusive prefix), sums (f32
+// pairs) and inclusive prefixes (f64 pairs). Warp 0 polls the flags of the 32
+// units before the nearest one not yet added until all of them back to the
+// first with a prefix have their sums; then each thread adds its element
+// pairs (pe = t + 256 q) of those sums, kLB in flight (a window of 32 units in
+// one round trip; 16 at r > 28, for registers), and of the prefix found.
+// Every thread of the block calls it (barriers inside); s_n and s_use are the
+// block's shared scratch.
+template <int KB>
+__device__ inline void scan3_lookback(const int* f, const float2* ag, const double2* in, i64 c, int nP,
+                                      double2 (&ex)[2], int& s_n, int& s_use) {
+  constexpr int kPr = 2, kLB = KB > 28 ? 16 : 32;  // pairs of r x D per thread (r D <= 1024)
+  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  i64 pp = c - 1;  // the nearest unit not yet added
+  for (;;) {
+    if (w == 0) {
+      int st = 0, fi = 32;
+      for (;;) {
+        const i64 cc = pp - lane;
+        st = cc >= 0 ? ld_relaxed(f + cc) : 3;  // 3: before the sequence's first unit
+        const unsigned stop = __ballot_sync(0xffffffffu, st >= 2), zero = __ballot_sync(0xffffffffu, st == 0);
+        fi = stop ? __ffs(stop) - 1 : 32;
+        const unsigned before = fi == 32 ? 0xffffffffu : ((1u << fi) - 1u);
+        if ((zero & before) == 0) break;  // units pp .. pp - fi + 1 have their sums, pp - fi its prefix
+      }
+      const int stf = __shfl_sync(0xffffffffu, st, fi & 31);
+      fence_acq_rel_gpu();  // the sums and prefixes behind the flags seen are read after this
+      if (lane == 0) s_n = fi, s_use = fi < 32 && stf == 2;
+    }
+    __syncthreads();
+    const int na = s_n, use = s_use;
+#pragma unroll
+    for (int q = 0; q < kPr; ++q) {
+      const int pe = t + 256 * q;
+      if (pe >= nP) continue;
+      const float2* src = ag + pp * nP + pe;  // unit pp - m at src - m nP
+      double2 s2 = use ? __ldcg(in + (pp - na) * nP + pe) : double2{0, 0};
+      for (int m0 = 0; m0 < na; m0 += kLB) {
+        float2 l[kLB];
+#pragma unroll
+        for (int k = 0; k < kLB; ++k) l[k] = m0 + k < na ? __ldcg(src - static_cast<i64>(m0 + k) * nP) : float2{0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < kLB; ++k) s2.x += static_cast<double>(l[k].x), s2.y += static_cast<double>(l[k].y);
+      }
+      ex[q].x += s2.x, ex[q].y += s2.y;
+    }
+    __syncthreads();  // s_n, s_use are read before warp 0 writes them again
+    if (na < 32) break;
+    pp -= 32;
+  }
+}
+
 template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
@@ -1413,7 +1469,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
   __shared__ long long s_id;
   __shared__ int s_n, s_use;
-  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
+  const int t = static_cast<int>(threadIdx.x);
   const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r);
   if (t == 0) s_id = atomicAdd(counter, 1);  // chunks start in this order: the ones a block waits for run
   __syncthreads();
@@ -1426,54 +1482,15 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   // the chunk's sum, published (rounded to f32: the walks summed it in f32);
   // then the look-back for its exclusive prefix, added in f64 (inclusive
   // prefixes are published in f64). A thread takes element pairs (2 pe,
-  // 2 pe + 1), pe = t + 256 q: the look-back reads 8 bytes per chunk and
-  // pair, kLB chunks in flight: a window of 32 chunks in one round trip (16
-  // at r > 28, for registers).
-  constexpr int kPr = 2, kLB = KB > 28 ? 16 : 32;  // pairs of r x D per thread (r D <= 1024)
+  // 2 pe + 1), pe = t + 256 q: the look-back reads 8 bytes per chunk and pair.
+  constexpr int kPr = 2;  // pairs of r x D per thread (r D <= 1024)
   const int nP = rD / 2;  // D is even
-  const float2* const agg2 = reinterpret_cast<const float2*>(agg);
-  const double2* const inc2 = reinterpret_cast<const double2*>(inc);
   if (c == 0) {
     publish_sums<double2>(inc + id * rD, a, nP, flags + id, 2);
   } else {
     publish_sums<float2>(agg + id * rD, a, nP, flags + id, 1);
-    i64 pp = c - 1;  // the nearest chunk not yet added
-    for (;;) {
-      if (w == 0) {
-        int st = 0, f = 32;
-        for (;;) {
-          const i64 cc = pp - lane;
-          st = cc >= 0 ? ld_relaxed(flags + b * nc + cc) : 3;  // 3: before the batch's first chunk
-          const unsigned stop = __ballot_sync(0xffffffffu, st >= 2), zero = __ballot_sync(0xffffffffu, st == 0);
-          f = stop ? __ffs(stop) - 1 : 32;
-          const unsigned before = f == 32 ? 0xffffffffu : ((1u << f) - 1u);
-          if ((zero & before) == 0) break;  // chunks pp .. pp - f + 1 have their sums, pp - f its prefix
-        }
-        const int stf = __shfl_sync(0xffffffffu, st, f & 31);
-        fence_acq_rel_gpu();  // the sums and prefixes behind the flags seen are read after this
-        if (lane == 0) s_n = f, s_use = f < 32 && stf == 2;
-      }
-      __syncthreads();
-      const int na = s_n, use = s_use;
-#pragma unroll
-      for (int q = 0; q < kPr; ++q) {
-        const int pe = t + 256 * q;
-        if (pe >= nP) continue;
-        const float2* src = agg2 + (b * nc + pp) * nP + pe;  // chunk pp - m at src - m nP
-        double2 s2 = use ? __ldcg(inc2 + (b * nc + pp - na) * nP + pe) : double2{0, 0};
-        for (int m0 = 0; m0 < na; m0 += kLB) {
-          float2 l[kLB];
-#pragma unroll
-          for (int k = 0; k < kLB; ++k) l[k] = m0 + k < na ? __ldcg(src - static_cast<i64>(m0 + k) * nP) : float2{0.f, 0.f};
-#pragma unroll
-          for (int k = 0; k < kLB; ++k) s2.x += static_cast<double>(l[k].x), s2.y += static_cast<double>(l[k].y);
-        }
-        ex[q].x += s2.x, ex[q].y += s2.y;
-      }
-      __syncthreads();  // s_n, s_use are read before warp 0 writes them again
-      if (na < 32) break;
-      pp -= 32;
-    }
+    scan3_lookback<KB>(flags + b * nc, reinterpret_cast<const float2*>(agg) + b * nc * nP,
+                       reinterpret_cast<const double2*>(inc) + b * nc * nP, c, nP, ex, s_n, s_use);
     double2 incl[kPr];
 #pragma unroll
     for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + a[q].x, ex[q].y + a[q].y};
@@ -1507,28 +1524,187 @@ void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, cons
                                                        dm.r, nc, p);
   check_launch("semiseparable_matvec (causal, one pass)");
 }
-void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                  const float* v, float* y, void* ws) {
-  // even r: a kernel for that rank exactly; odd r: r rounded up to 4, masked
-  switch (dm.r) {
+// f(kb, exact) with kb = std::integral_constant<int, KB>: even r, a kernel for
+// that rank exactly; odd r, r rounded up to 4, masked
+template <class F> void scan3_by_rank(i64 r, F f) {
+  using std::integral_constant;
+  switch (r) {
 #define AD_SCAN3_EVEN(R) \
-  case R: causal_scan3_kb<R, true>(dm, x, d, lo, u, v, y, ws); break;
+  case R: f(integral_constant<int, R>{}, std::true_type{}); break;
     AD_SCAN3_EVEN(2) AD_SCAN3_EVEN(4) AD_SCAN3_EVEN(6) AD_SCAN3_EVEN(8) AD_SCAN3_EVEN(10) AD_SCAN3_EVEN(12)
     AD_SCAN3_EVEN(14) AD_SCAN3_EVEN(16) AD_SCAN3_EVEN(18) AD_SCAN3_EVEN(20) AD_SCAN3_EVEN(22) AD_SCAN3_EVEN(24)
     AD_SCAN3_EVEN(26) AD_SCAN3_EVEN(28) AD_SCAN3_EVEN(30) AD_SCAN3_EVEN(32)
 #undef AD_SCAN3_EVEN
     default:
-      switch ((dm.r + 3) / 4) {
-        case 1: causal_scan3_kb<4, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 2: causal_scan3_kb<8, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 3: causal_scan3_kb<12, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 4: causal_scan3_kb<16, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 5: causal_scan3_kb<20, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 6: causal_scan3_kb<24, false>(dm, x, d, lo, u, v, y, ws); break;
-        case 7: causal_scan3_kb<28, false>(dm, x, d, lo, u, v, y, ws); break;
-        default: causal_scan3_kb<32, false>(dm, x, d, lo, u, v, y, ws); break;
+      switch ((r + 3) / 4) {
+        case 1: f(integral_constant<int, 4>{}, std::false_type{}); break;
+        case 2: f(integral_constant<int, 8>{}, std::false_type{}); break;
+        case 3: f(integral_constant<int, 12>{}, std::false_type{}); break;
+        case 4: f(integral_constant<int, 16>{}, std::false_type{}); break;
+        case 5: f(integral_constant<int, 20>{}, std::false_type{}); break;
+        case 6: f(integral_constant<int, 24>{}, std::false_type{}); break;
+        case 7: f(integral_constant<int, 28>{}, std::false_type{}); break;
+        default: f(integral_constant<int, 32>{}, std::false_type{}); break;
       }
   }
+}
+void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                  const float* v, float* y, void* ws) {
+  scan3_by_rank(dm.r, [&](auto kb, auto exact) {
+    causal_scan3_kb<decltype(kb)::value, decltype(exact)::value>(dm, x, d, lo, u, v, y, ws);
+  });
+}
+
+// ---- the causal product in one pass, chunks in clusters (sm_90; variants 5 and 6) ----
+// The look-back above is the kernel's largest wait: chunks finish phase 1
+// every ~90 ns, and a look-back reads the sum of every chunk before it that
+// has no prefix yet, so the later it runs, the more it reads (docs/
+// benchmarks.md, "GPU: where the one-pass causal kernel's time goes"). Here
+// a cluster of CS blocks takes CS consecutive chunks on one ticket; the
+// blocks exchange their chunk sums through distributed shared memory, and
+// only the cluster's first block publishes the cluster's sum and looks back
+// over clusters: CS times fewer look-backs, CS times further apart. Phases 1
+// and 2 are the one-pass kernel's. A batch's chunks are padded to a multiple
+// of CS with empty ones (no rows, zero sums), so no cluster spans two
+// batches. The workspace: flags, sums and prefixes per cluster, in the
+// one-pass kernel's workspace (fewer units, and the flag bytes of its chunks).
+template <int KB, bool kExact>
+__global__ void __launch_bounds__(256, 2) causal_cluster_kernel(const float* x, const float* d, const float* lo,
+                                                                const float* u, const float* v, float* y, int* flags,
+                                                                int* counter, float* agg, double* inc, i64 N, i64 D,
+                                                                i64 r, i64 nc, i64 ncl, semisep_plan::StagedScan p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  const int CS = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  double2* const E = reinterpret_cast<double2*>(sm + p.oE);  // the chunk's sum, then its exclusive prefix
+  double2* const G = reinterpret_cast<double2*>(sm + p.oG);  // rank 0: the cluster's exclusive prefix
+  __shared__ long long s_tk;
+  __shared__ int s_n, s_use;
+  const int t = static_cast<int>(threadIdx.x);
+  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r), nP = rD / 2;
+  constexpr int kPr = 2;  // element pairs of r x D per thread (r D <= 1024)
+  if (rank == 0 && t == 0) s_tk = atomicAdd(counter, 1);  // clusters start in this order
+  cl.sync();  // every block of the cluster has started, and rank 0's ticket is in
+  const i64 unit = *cl.map_shared_rank(&s_tk, 0);  // b * ncl + the cluster's index k in batch b
+  const i64 b = unit / ncl, k = unit % ncl, c = k * CS + rank, i0 = c * p.Lg;
+  const int n = c < nc ? static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg) : 0;
+  if (n > 0) {
+    scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
+  } else {  // the two copy groups phases 1 and 2 wait for, empty
+    __pipeline_commit();
+    __pipeline_commit();
+  }
+  float P[2][KB];
+  double2 a[kPr], pre[kPr] = {double2{0, 0}, double2{0, 0}}, tot[kPr] = {double2{0, 0}, double2{0, 0}};
+  scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
+#pragma unroll
+  for (int q = 0; q < kPr; ++q)
+    if (t + 256 * q < nP) E[t + 256 * q] = a[q];
+  cl.sync();  // the cluster's chunk sums are in
+  // the sums of the ranks before this one, in rank order; rank 0 adds all of them (the cluster's sum)
+  const int upto = rank == 0 ? CS : rank;
+  for (int rk = 0; rk < upto; ++rk) {
+    const double2* Er = cl.map_shared_rank(E, rk);
+#pragma unroll
+    for (int q = 0; q < kPr; ++q) {
+      if (t + 256 * q >= nP) continue;
+      const double2 e = Er[t + 256 * q];
+      tot[q].x += e.x, tot[q].y += e.y;
+    }
+  }
+  if (rank != 0) {
+#pragma unroll
+    for (int q = 0; q < kPr; ++q) pre[q] = tot[q];
+  } else {
+    double2 ex[kPr] = {double2{0, 0}, double2{0, 0}};
+    if (k == 0) {
+      publish_sums<double2>(inc + unit * rD, tot, nP, flags + unit, 2);
+    } else {
+      publish_sums<float2>(agg + unit * rD, tot, nP, flags + unit, 1);
+      scan3_lookback<KB>(flags + b * ncl, reinterpret_cast<const float2*>(agg) + b * ncl * nP,
+                         reinterpret_cast<const double2*>(inc) + b * ncl * nP, k, nP, ex, s_n, s_use);
+      double2 incl[kPr];
+#pragma unroll
+      for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + tot[q].x, ex[q].y + tot[q].y};
+      publish_sums<double2>(inc + unit * rD, incl, nP, flags + unit, 2);
+    }
+#pragma unroll
+    for (int q = 0; q < kPr; ++q)
+      if (t + 256 * q < nP) G[t + 256 * q] = ex[q];
+  }
+  cl.sync();  // rank 0's G is in, and no rank reads another's E any more
+  const double2* G0 = cl.map_shared_rank(G, 0);
+#pragma unroll
+  for (int q = 0; q < kPr; ++q) {
+    if (t + 256 * q >= nP) continue;
+    const double2 g = G0[t + 256 * q];
+    E[t + 256 * q] = double2{g.x + pre[q].x, g.y + pre[q].y};
+  }
+  auto done = cl.barrier_arrive();  // this block reads rank 0's shared memory no more
+  scan3_phase2<KB, kExact>(p, sm, reinterpret_cast<const double*>(E), P, y, b, N, i0, n, ri, Di);
+  cl.barrier_wait(std::move(done));  // rank 0 leaves only when no block of its cluster can read its G
+#else
+  (void)x, (void)d, (void)lo, (void)u, (void)v, (void)y, (void)flags, (void)counter, (void)agg, (void)inc, (void)N,
+      (void)D, (void)r, (void)nc, (void)ncl, (void)p;
+#endif
+}
+
+// false where it cannot run (before sm_90, the plan does not fit, no cluster of CS such blocks fits)
+template <int KB, bool kExact>
+bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                       const float* v, float* y, void* ws, int CS) {
+  int dev = 0, major = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, true);
+  if (major < 9 || !p.fits || p.smem_bytes > block_smem_optin()) return false;
+  const i64 nc = (dm.N + p.Lg - 1) / p.Lg, ncl = (nc + CS - 1) / CS, units = dm.B * ncl, rD = dm.r * dm.D;
+  // the one-pass kernel's workspace holds the clusters' flags, sums and prefixes (units <= its chunks)
+  const i64 fb = semisep_plan::staged_scan_flag_bytes(dm.B, dm.N, dm.D, dm.r);
+  if ((units + 1) * 4 > fb || fb + units * rD * 12 > semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r))
+    throw Error("semiseparable_matvec (causal, clusters): the workspace is too small (a launcher's bug)");
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  auto kernel = causal_cluster_kernel<KB, kExact>;
+  allow_smem(kernel, smem);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(units * CS));
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = nullptr;
+  cudaLaunchAttribute at[1] = {};
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = static_cast<unsigned>(CS);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int active = 0;
+  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
+    (void)cudaGetLastError();  // not an error of the product: the one-pass kernel runs instead
+    return false;
+  }
+  int* flags = static_cast<int*>(ws);
+  float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + fb);
+  double* inc = reinterpret_cast<double*>(agg + units * rD);  // 16-byte aligned: r D is a multiple of 8
+  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(units + 1) * sizeof(int)),
+             "cudaMemsetAsync (semiseparable_matvec)");
+  check_call(cudaLaunchKernelEx(&cfg, kernel, x, d, lo, u, v, y, flags, flags + units, agg, inc, dm.N, dm.D, dm.r, nc,
+                                ncl, p),
+             "cudaLaunchKernelEx (semiseparable_matvec, causal, clusters)");
+  check_launch("semiseparable_matvec (causal, clusters)");
+  return true;
+}
+void causal_cluster(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                    const float* v, float* y, void* ws, int CS) {
+  scan3_by_rank(dm.r, [&](auto kb, auto exact) {
+    constexpr int KB = decltype(kb)::value;
+    constexpr bool kExact = decltype(exact)::value;
+    if (!causal_cluster_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, CS))
+      causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
+  });
 }
 
 // The tiled forward: chunk sums, combined (total or exclusive prefix), then
@@ -1536,18 +1712,21 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
 // where they apply; 3: the staged ones where they apply (f32; causal in one
 // pass where semisep_plan::staged_scan fits, S then being its workspace of
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
-// in bulk where the device and the alignment allow.
+// in bulk where the device and the alignment allow; 5 and 6: as 4, the causal
+// product in clusters of 8 and 4 chunks where they can run (else as 4).
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
   const i64 nc = (dm.N + dm.L - 1) / dm.L, rD = dm.r * dm.D;
   const bool v2 = variant != 1;
   bool v3 = false;
-  const bool bulk = variant == 0 || variant == 4;
+  const bool bulk = variant == 0 || variant >= 4;
   if constexpr (sizeof(T) == 4) {
     v3 = (variant == 0 || variant >= 3) && staged_applies(dm, sizeof(T), x, y);
     if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
-      if (upto == 3) causal_scan3(dm, x, d, lo, u, v, y, S);
+      if (upto != 3) return;
+      if (variant == 5 || variant == 6) causal_cluster(dm, x, d, lo, u, v, y, S, variant == 5 ? 8 : 4);
+      else causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
     }
     if (v3) chunk_sums3(dm, x, v, S, bulk);
