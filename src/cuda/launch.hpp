@@ -54,9 +54,10 @@ void reduce_sum(DType t, const void* x, const Shape& xs, const Shape& keep, void
 // y = max of x over the same groups (NaN propagates; the same value, and for
 // ties between 0 and -0 the same bits, as the CPU's left-to-right scan).
 void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void* y);
-// dx = dy at the first (lowest-index) element of each group equal to y (or
-// NaN where y is NaN), 0 elsewhere.
-void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* y, const void* dy, void* dx);
+// dx = dy at the first (lowest-index) element of each group equal to the
+// group's maximum, found again from x (or the first NaN where the group has
+// one), 0 elsewhere.
+void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* dy, void* dx);
 
 }  // namespace ad::cuda_k
 

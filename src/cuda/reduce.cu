@@ -154,20 +154,32 @@ template <class T> __global__ void max_kernel(const T* x, T* y, std::int64_t nou
     __syncthreads();
   }
 }
-// dx = dy[o] at the lowest reduced index r whose element equals y[o] (or is
-// NaN when y[o] is), 0 at the group's other elements. The lowest index is a
-// min over the threads' first hits, which does not depend on order.
+// dx = dy[o] at the lowest reduced index r whose element equals the group's
+// maximum (or is NaN when the group has a NaN), 0 at the group's other
+// elements. The maximum is found again here from x (ops/reduce.cpp says why);
+// its value does not depend on the order of the steps (only which NaN or
+// which of 0 and -0, which compare alike), and the lowest index is a min over
+// the threads' first hits.
 template <class T>
-__global__ void max_backward_kernel(const T* x, const T* y, const T* dy, T* dx, std::int64_t nout, Geom g) {
+__global__ void max_backward_kernel(const T* x, const T* dy, T* dx, std::int64_t nout, Geom g) {
   __shared__ std::int64_t first[kThreads];
+  __shared__ double part[kThreads];
   const int t = static_cast<int>(threadIdx.x);
   for (std::int64_t o = blockIdx.x; o < nout; o += gridDim.x) {
     std::int64_t base = base_offset(g, o);
-    T yo = y[o];
-    bool nan = yo != yo;
+    double acc = -INFINITY;
+    for (std::int64_t r = t; r < g.nred; r += kThreads) acc = max_step(acc, static_cast<double>(x[base + red_offset(g, r)]));
+    part[t] = acc;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w /= 2) {
+      if (t < w) part[t] = max_step(part[t], part[t + w]);
+      __syncthreads();
+    }
+    const double yo = part[0];
+    const bool nan = yo != yo;
     std::int64_t mine = g.nred;  // none
     for (std::int64_t r = t; r < g.nred; r += kThreads) {
-      T v = x[base + red_offset(g, r)];
+      const auto v = static_cast<double>(x[base + red_offset(g, r)]);
       if (v == yo || (nan && v != v)) {
         mine = r;  // r grows: the first hit of this thread is its lowest
         break;
@@ -182,7 +194,7 @@ __global__ void max_backward_kernel(const T* x, const T* y, const T* dy, T* dx, 
     std::int64_t hit = first[0];
     T go = dy[o];
     for (std::int64_t r = t; r < g.nred; r += kThreads) dx[base + red_offset(g, r)] = r == hit ? go : T(0);
-    __syncthreads();  // first[] is rewritten for the next output
+    __syncthreads();  // first[] and part[] are rewritten for the next output
   }
 }
 
@@ -245,17 +257,16 @@ void reduce_max(DType t, const void* x, const Shape& xs, const Shape& keep, void
   check_launch("max");
 }
 
-void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* y, const void* dy, void* dx) {
+void max_backward(DType t, const void* x, const Shape& xs, const Shape& keep, const void* dy, void* dx) {
   std::int64_t nout = keep.numel();
   if (nout == 0) return;
   Geom g = make_geom(xs, keep);
   if (t == DType::f32)
-    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<const float*>(y),
-                                                        static_cast<const float*>(dy), static_cast<float*>(dx), nout, g);
+    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const float*>(x), static_cast<const float*>(dy),
+                                                        static_cast<float*>(dx), nout, g);
   else
-    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<const double*>(y),
-                                                        static_cast<const double*>(dy), static_cast<double*>(dx), nout,
-                                                        g);
+    max_backward_kernel<<<blocks_for(nout), kThreads>>>(static_cast<const double*>(x), static_cast<const double*>(dy),
+                                                        static_cast<double*>(dx), nout, g);
   check_launch("max_backward");
 }
 

@@ -216,33 +216,51 @@ void max_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void max_cuda(const KernelArgs& k) {
   cuda_k::reduce_max(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k.out.raw());
 })
-void max_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::max_backward, {a.in[0], a.out, a.dout}, a.attrs); }
+// The backward finds each group's maximum again from the x it reads rather
+// than taking the forward's y: x may reach it rounded (an activation stored
+// compressed) or recomputed while y was not, and no element of a rounded x
+// equals an exact y (every gradient of the max was zero).
+void max_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::max_backward, {a.in[0], a.dout}, a.attrs); }
 const OpDef op_def_max{.name = "max", .args = "x", .arity = 1, .infer = infer_max, .cpu = max_cpu,
-                       .cuda = AD_CUDA_FN(max_cuda), .backward = max_bwd,
-                       .saves = saves_input(0) | kSavesOutput};
+                       .cuda = AD_CUDA_FN(max_cuda), .backward = max_bwd, .saves = saves_input(0)};
 Var max(const Operand& x, const Shape& axes, bool keepdim) {
   return make_node(OpId::max, {x}, reduce_attrs("max", x, axes, keepdim));
 }
-// ---- max_backward ----  (x, y, dy) -> dx: dy at the first x equal to y in each group, else 0.
-// Workspace (CPU): one flag per output ("already given"); the CUDA kernel needs none.
-Meta infer_max_backward(const InferArgs& a) { check_float_same(a); return a[0]; }
+// ---- max_backward ----  (x, dy) -> dx: dy at the first element of each group
+// equal to the group's maximum (max's scan: the first NaN where the group has
+// one), else 0. Workspace (CPU): each group's maximum (a double) and a flag
+// ("already given"); the CUDA kernel needs none.
+Meta infer_max_backward(const InferArgs& a) {
+  check_float_same(a);
+  if (a[1].shape.numel() != keepdim_shape(a[0].shape, a.attrs.axes).numel())
+    fail_shapes(a, "dy does not have one element per group of x");
+  return a[0];
+}
 std::int64_t max_backward_ws(const InferArgs& a, const Meta&) {
-  return a[0].device.kind == DeviceKind::cuda ? 0 : a[1].shape.numel();
+  return a[0].device.kind == DeviceKind::cuda ? 0 : a[1].shape.numel() * static_cast<std::int64_t>(sizeof(double) + 1);
 }
 void max_backward_cpu(const KernelArgs& k) {
   kernels::dispatch_float(k.out.dtype(), "max_backward", [&](auto t) {
     using T = decltype(t);
     const T* x = k[0].data<T>();
-    const T* y = k[1].data<T>();
-    const T* dy = k[2].data<T>();
+    const T* dy = k[1].data<T>();
     T* dx = k.out.data<T>();
-    auto* given = static_cast<unsigned char*>(k.workspace);
     const Shape& xs = k[0].shape();
     std::int64_t n = xs.numel();
     if (n == 0) return;  // (no workspace then)
-    std::memset(given, 0, static_cast<std::size_t>(k[1].numel()));
-    for_each_reduced(xs, keepdim_shape(xs, k.attrs.axes), [&](std::int64_t i, std::int64_t o) {
-      bool hit = !given[o] && (x[i] == y[o] || (x[i] != x[i] && y[o] != y[o]));
+    const std::int64_t ny = k[1].numel();
+    auto* y = static_cast<double*>(k.workspace);
+    auto* given = reinterpret_cast<unsigned char*>(y + ny);
+    std::fill(y, y + ny, -std::numeric_limits<double>::infinity());
+    std::memset(given, 0, static_cast<std::size_t>(ny));
+    const Shape ks = keepdim_shape(xs, k.attrs.axes);
+    for_each_reduced(xs, ks, [&](std::int64_t i, std::int64_t o) {  // max's own scan
+      const auto v = static_cast<double>(x[i]);
+      if (v > y[o] || v != v) y[o] = v;
+    });
+    for_each_reduced(xs, ks, [&](std::int64_t i, std::int64_t o) {
+      const auto v = static_cast<double>(x[i]);
+      bool hit = !given[o] && (v == y[o] || (v != v && y[o] != y[o]));
       dx[i] = hit ? dy[o] : T(0);
       if (hit) given[o] = 1;
     });
@@ -250,9 +268,9 @@ void max_backward_cpu(const KernelArgs& k) {
 }
 AD_CUDA_ONLY(void max_backward_cuda(const KernelArgs& k) {
   cuda_k::max_backward(k.out.dtype(), k[0].raw(), k[0].shape(), keepdim_shape(k[0].shape(), k.attrs.axes), k[1].raw(),
-                       k[2].raw(), k.out.raw());
+                       k.out.raw());
 })
-const OpDef op_def_max_backward{.name = "max_backward", .args = "x,y,dy", .arity = 3, .infer = infer_max_backward,
+const OpDef op_def_max_backward{.name = "max_backward", .args = "x,dy", .arity = 2, .infer = infer_max_backward,
                                 .cpu = max_backward_cpu, .cuda = AD_CUDA_FN(max_backward_cuda),
                                 .no_grad = "double backward is not supported",
                                 .workspace = max_backward_ws};
