@@ -691,3 +691,91 @@ TEST_CASE("executor: simulate_peak and execute accept and reject the same hand-m
   CHECK(ad::execute(gi, again).measured_peak_bytes == p2);
   CHECK(held.to_vector() == std::vector<double>(12, std::tanh(1.0f)));
 }
+
+namespace ad::test {
+// Steps on leaves, sinks of another shape, reads of compressed values: refused
+// by simulate_peak, execute, explain and to_dot alike, before any step runs.
+TEST_CASE("executor: offload or compress of a leaf, a sink of another shape, a read of a compressed value") {
+  using K = ad::Step::Kind;
+  ad::Tensor xt = ad::Tensor::full({2, 2}, 1.0 + 1.0 / 1024);
+  ad::Parameter w(ad::Tensor::full({2, 2}, 1.0));
+  ad::Graph g;
+  Var x = g.input(xt);
+  Var m = ad::mul(x, g.param(w));
+  Var loss = ad::sum(m);
+  Var a = ad::tanh(x), b = ad::exp(a);
+  ad::GraphImpl& gi = g.impl();
+  auto both_reject = [&](const ad::Schedule& s, const char* what) {
+    CHECK_THROWS_WITH_AS(ad::simulate_peak(gi, s), doctest::Contains(what), ad::Error);
+    CHECK_THROWS_WITH_AS(ad::execute(gi, s), doctest::Contains(what), ad::Error);
+    CHECK(x.value().same_storage(xt));  // the leaf still is the caller's tensor
+  };
+  ad::Schedule s;
+  s.targets = {loss.id()};
+  for (K k : {K::offload, K::compress}) {
+    s.steps = {{k, x.id(), k == K::compress ? static_cast<std::int32_t>(ad::DType::bf16) : -1},
+               {k == K::offload ? K::prefetch : K::decompress, x.id()}};
+    both_reject(s, "a leaf: a leaf's value is the caller's tensor");
+  }
+  // the graph still reads the caller's tensor: a later write is seen
+  xt.fill(2.0);
+  CHECK(eval(loss).item() == 8.0);  // 2 x 1, four times
+  // a compute into a sink whose parameter has another shape (the gradient was silently never written)
+  ad::Parameter v = ad::Parameter::zeros({5, 5});
+  s.targets = {};
+  s.sinks = {v};
+  s.steps = {{K::compute, a.id(), 0}};
+  both_reject(s, "into the gradient of parameter");
+  s.steps = {{K::compute, a.id()}, {K::accumulate, a.id(), 0}};
+  both_reject(s, "into the gradient of parameter");
+  s.steps = {{K::compute, a.id()}, {K::accumulate, a.id(), 3}};
+  both_reject(s, "names sink 3 of 1");
+  CHECK(!v.has_grad());
+  // a read of a value while it is stored compressed
+  s.sinks = {};
+  s.targets = {b.id()};
+  s.steps = {{K::compute, a.id()}, {K::compress, a.id(), static_cast<std::int32_t>(ad::DType::bf16)}, {K::compute, b.id()}};
+  both_reject(s, "while it is stored compressed");
+  s.steps = {{K::compute, a.id()}, {K::compress, a.id(), static_cast<std::int32_t>(ad::DType::bf16)}, {K::offload, a.id()}};
+  both_reject(s, "while it is stored compressed");
+  // explain and to_dot of a plan with a step naming no node
+  ad::Plan plan = ad::plan_backward(loss);
+  plan.schedule.steps.push_back({K::compute, 9999});
+  CHECK_THROWS_WITH_AS(ad::explain(plan), doctest::Contains("names node 9999"), ad::Error);
+  CHECK_THROWS_WITH_AS(ad::to_dot(plan), doctest::Contains("names node 9999"), ad::Error);
+}
+
+// A plan made while a parameter had no gradient writes that gradient in place
+// (no graph bytes); should the parameter get a gradient before the plan runs,
+// the step allocates in the graph: simulate_peak, asked then, says so.
+TEST_CASE("executor: simulate_peak counts a gradient that can no longer be written in place") {
+  ad::Rng rng(1);
+  ad::Parameter w = ad::Parameter::randn({64, 64}, rng, 0.1);
+  ad::Tensor x = ad::Tensor::randn({8, 64}, rng);
+  ad::Graph g;
+  ad::Var loss = ad::sum(ad::tanh(ad::matmul(g.input(x), w)));
+  ad::Plan p = ad::plan_backward(loss);
+  CHECK(ad::simulate_peak(*p.graph, p.schedule) == p.schedule.predicted_peak_bytes);
+  {
+    ad::Graph g2;
+    ad::backward(ad::sum(g2.param(w)));  // w has a gradient now
+  }
+  const std::int64_t now = ad::simulate_peak(*p.graph, p.schedule);
+  CHECK(now > p.schedule.predicted_peak_bytes);  // the 16 KB gradient is the graph's now
+  CHECK(ad::execute(*p.graph, p.schedule).measured_peak_bytes == now);
+}
+
+// Values of 2^62 bytes each: the predicted peak must not wrap around (it did,
+// to a figure a budget then accepted).
+TEST_CASE("executor: a peak beyond 2^63 bytes is an error, not a wrapped figure") {
+  const std::int64_t n = std::int64_t{1} << 30;
+  ad::Parameter p = ad::Parameter::zeros({1});
+  for (ad::Policy pol : {ad::policy::keep_all(), ad::policy::budget((std::int64_t{1} << 62) + 64)}) {
+    ad::Graph g;
+    ad::Var y = ad::broadcast_to(g.param(p), {n, n});
+    ad::Var l = ad::sum(ad::mul(ad::mul(ad::exp(y), ad::tanh(y)), ad::sigmoid(y)));
+    INFO(pol.name());
+    CHECK_THROWS_WITH_AS(ad::plan_backward(l, pol), doctest::Contains("more than 2^63 bytes"), ad::Error);
+  }
+}
+}  // namespace ad::test

@@ -29,9 +29,14 @@ namespace ad {
 //   and device, and the step no view and no gradient written into a
 //   parameter's buffer; when something else holds u's buffer (a Tensor kept
 //   outside the graph, a view's value) the step allocates instead, in
-//   execute and simulate_peak alike. A free of a leaf (an input or a
-//   parameter), a reuse that breaks these rules and a compress to a dtype
-//   that is not floating are ad::Errors from both, before any step runs.
+//   execute and simulate_peak alike. A free, offload, prefetch, compress or
+//   decompress of a leaf (an input or a parameter: its value is the caller's
+//   tensor), a reuse that breaks these rules, a compress to a dtype that is
+//   not floating, and a compute or accumulate naming a sink that is not
+//   there or whose parameter has another shape, dtype or device are
+//   ad::Errors from both (and from explain and to_dot), before any step runs.
+//   Reading, accumulating or offloading a value while it is stored
+//   compressed is an ad::Error from both.
 struct Step {
   enum class Kind : std::uint8_t { compute, free, accumulate, compress, decompress, offload, prefetch };
   Kind kind;
@@ -74,8 +79,13 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
 // Simulates `s` from static sizes: the maximum, over the run, of bytes
 // allocated in the graph's allocator above what was live when it started.
 // Values already present count with their real storage (shared by views;
-// never released while the user holds a copy). Throws ad::Error for a step
-// the executor would reject (an input or accumulated node holding no value).
+// never released while the user holds a copy). A gradient written into its
+// parameter's buffer costs no graph bytes only while that buffer is absent or
+// zeroed when the step comes, as execute decides: Schedule::predicted_peak_bytes
+// holds for the gradients as they were at planning, and simulate_peak called
+// later (the parameters got gradients since) gives the peak a run would have
+// then. Throws ad::Error for a step the executor would reject (an input or
+// accumulated node holding no value), and for a peak beyond 2^63 bytes.
 std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s);
 
 // Counters of one executed schedule.

@@ -3,6 +3,7 @@
 
 #include "checkpoint/fate.hpp"
 #include "core/graph_impl.hpp"
+#include "core/step_check.hpp"
 
 namespace ad {
 
@@ -90,6 +91,8 @@ std::string to_dot(const Plan& plan) {
   if (!plan.graph) throw Error("to_dot: empty plan");
   if (plan.graph_alive.expired())
     throw Error("to_dot: the plan's graph has been destroyed; call to_dot(plan) while its ad::Graph exists");
+  for (const Step& st : plan.schedule.steps)  // the schedule's steps index the graph's nodes
+    if (std::string e = detail::step_error(*plan.graph, st, plan.schedule.sinks); !e.empty()) throw Error("to_dot: " + e);
   const planner::Fates f = planner::fates(plan.schedule);
   return write_dot(*plan.graph, &f, &plan.schedule);
 }

@@ -3,6 +3,7 @@
 
 #include "checkpoint/fate.hpp"
 #include "core/graph_impl.hpp"
+#include "core/step_check.hpp"
 
 namespace ad {
 
@@ -12,6 +13,8 @@ std::string explain(const Plan& plan) {
     throw Error("explain: the plan's graph has been destroyed; call explain(plan) while its ad::Graph exists");
   const GraphImpl& g = *plan.graph;
   const Schedule& s = plan.schedule;
+  for (const Step& st : s.steps)  // the schedule's steps index the graph's nodes
+    if (std::string e = detail::step_error(g, st, s.sinks); !e.empty()) throw Error("explain: " + e);
   const planner::Fates f = planner::fates(s);
   std::string out = fmt::format("plan: {} — predicted peak {} B, {} steps, {} recomputations ({:.3g} extra flops)\n\n",
                                 s.policy, s.predicted_peak_bytes, s.steps.size(), s.recomputed_nodes, s.recompute_flops);

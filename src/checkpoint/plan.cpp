@@ -308,6 +308,12 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
   std::vector<Instance> inst;
   std::vector<std::int32_t> holds(n, -1);  // instance held by each node's value
   std::vector<char> away(n, 0);            // offloaded to host memory
+  std::vector<char> packed(n, 0);          // stored compressed
+  // a sink's gradient buffer takes a gradient in place (no graph bytes) while
+  // it is absent or zeroed, as the executor decides at the step: a gradient
+  // written or added since (another backward after planning) makes the step
+  // allocate in the graph instead
+  std::unordered_map<const ParamState*, bool> writable;
   std::unordered_map<const Storage*, std::int32_t> existing;
   for (std::size_t i = 0; i < n; ++i) {
     const Tensor& v = g.nodes[i].value;
@@ -325,6 +331,17 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
     in.pinned = g.nodes[i].value.storage().use_count() > in.refs;
   }
   std::int64_t live = 0, peak = 0;
+  // sums checked: a graph of values near 2^62 bytes each must not wrap to a small peak that a budget accepts
+  auto grow = [&](std::int64_t bytes, std::int64_t extra, const Step& st) {
+    std::int64_t now = 0, top = 0;
+    if (__builtin_add_overflow(live, bytes, &now) || __builtin_add_overflow(now, extra, &top))
+      throw Error(fmt::format("simulate_peak: at {} of {}#{} the step holds more than 2^63 bytes at once; no device "
+                              "holds this graph",
+                              st.kind == Step::Kind::compute ? "the compute" : "a copy",
+                              op_def(g.node(st.node).op).name, st.node));
+    live = now;
+    peak = std::max(peak, top);
+  };
   auto release = [&](std::int32_t k) {
     if (k < 0) return;
     Instance& in = inst[static_cast<std::size_t>(k)];
@@ -333,7 +350,7 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
   auto name = [&](std::int32_t id) { return fmt::format("{}#{}", op_def(g.node(id).op).name, id); };
   std::vector<const Meta*> metas;
   for (const Step& st : s.steps) {
-    if (std::string e = detail::step_error(g, st); !e.empty()) throw Error("simulate_peak: " + e);
+    if (std::string e = detail::step_error(g, st, s.sinks); !e.empty()) throw Error("simulate_peak: " + e);
     auto u = static_cast<std::size_t>(st.node);
     switch (st.kind) {
       case Step::Kind::compute: {
@@ -341,18 +358,31 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         const OpDef& def = op_def(nd.op);
         if (!def.cpu)
           throw Error(fmt::format("simulate_peak: {} is a leaf and cannot be computed (bad schedule)", name(st.node)));
-        for (auto in : nd.inputs)
+        for (auto in : nd.inputs) {
           if (holds[static_cast<std::size_t>(in)] < 0)
             throw Error(fmt::format("simulate_peak: {} needs input {} which holds no value (bad schedule)",
                                     name(st.node), name(in)));
+          if (packed[static_cast<std::size_t>(in)])
+            throw Error(fmt::format("simulate_peak: {} reads {} while it is stored compressed (bad schedule)",
+                                    name(st.node), name(in)));
+        }
+        bool in_grad = false;  // written into the parameter's gradient buffer
+        if (st.aux >= 0 && !def.view) {
+          const ParamState* ps = s.sinks[static_cast<std::size_t>(st.aux)].state();
+          auto [w, fresh] = writable.try_emplace(ps, false);
+          if (fresh) w->second = ps->grad_writable(nd.meta);
+          in_grad = w->second;
+          w->second = false;  // holds this gradient now
+        }
         std::int32_t now;
+        std::int64_t fresh_bytes = 0;
         const std::int32_t victim = st.reuse >= 0 ? holds[static_cast<std::size_t>(st.reuse)] : -1;
         if (victim >= 0 && inst[static_cast<std::size_t>(victim)].refs == 1 && !inst[static_cast<std::size_t>(victim)].pinned) {
           // written over the dying input's buffer (step_error checked the step; as the executor, only when
           // no other value and nothing outside the graph holds it): its reference moves to this node
           now = holds[static_cast<std::size_t>(st.reuse)];
           holds[static_cast<std::size_t>(st.reuse)] = -1;
-        } else if (st.aux >= 0 && !def.view) {  // written into a parameter's gradient buffer: not the graph's bytes
+        } else if (in_grad) {  // written into a parameter's gradient buffer: not the graph's bytes
           now = static_cast<std::int32_t>(inst.size());
           inst.push_back({0, 1, false});
         } else if (def.view) {
@@ -361,7 +391,7 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         } else {
           now = static_cast<std::int32_t>(inst.size());
           inst.push_back({static_cast<std::int64_t>(nd.meta.nbytes()), 1, false});
-          live += inst.back().bytes;
+          fresh_bytes = inst.back().bytes;
         }
         std::int64_t ws = 0;
         if (def.workspace) {
@@ -369,18 +399,24 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
           for (auto in : nd.inputs) metas.push_back(&g.node(in).meta);
           ws = std::max<std::int64_t>(def.workspace(InferArgs{def, metas, nd.attrs}, nd.meta), 0);
         }
-        peak = std::max(peak, live + ws);
+        grow(fresh_bytes, ws, st);
         release(holds[u]);  // the executor replaces the old value after making the new one
         holds[u] = now;
+        packed[u] = 0;
         break;
       }
       case Step::Kind::free:
         release(holds[u]);
         holds[u] = -1;
+        packed[u] = 0;
         break;
       case Step::Kind::accumulate:
         if (holds[u] < 0)
           throw Error(fmt::format("simulate_peak: accumulate of {} which holds no value (bad schedule)", name(st.node)));
+        if (packed[u])
+          throw Error(fmt::format("simulate_peak: accumulate of {} while it is stored compressed (bad schedule)",
+                                  name(st.node)));
+        writable[s.sinks[static_cast<std::size_t>(st.aux)].state()] = false;  // a gradient is there now
         break;
       case Step::Kind::compress:
       case Step::Kind::decompress: {
@@ -389,10 +425,10 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         const Meta& m = g.nodes[u].meta;
         auto es = st.kind == Step::Kind::compress ? dtype_size(static_cast<DType>(st.aux)) : dtype_size(m.dtype);
         inst.push_back({m.shape.numel() * static_cast<std::int64_t>(es), 1, false});
-        live += inst.back().bytes;
-        peak = std::max(peak, live);
+        grow(inst.back().bytes, 0, st);
         release(holds[u]);
         holds[u] = static_cast<std::int32_t>(inst.size() - 1);
+        packed[u] = st.kind == Step::Kind::compress;
         break;
       }
       case Step::Kind::offload:  // the graph's bytes leave; host bytes are not the graph's
@@ -400,6 +436,9 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
           throw Error(fmt::format("simulate_peak: offload of {} which holds no value (bad schedule)", name(st.node)));
         if (g.nodes[u].meta.nbytes() == 0 || op_def(g.nodes[u].op).view)
           throw Error(fmt::format("simulate_peak: offload of {}, a view or empty value (bad schedule)", name(st.node)));
+        if (packed[u])
+          throw Error(fmt::format("simulate_peak: offload of {} while it is stored compressed (bad schedule)",
+                                  name(st.node)));
         release(holds[u]);
         holds[u] = -1;
         away[u] = 1;
@@ -408,8 +447,7 @@ std::int64_t simulate_peak(const GraphImpl& g, const Schedule& s) {
         if (!away[u])
           throw Error(fmt::format("simulate_peak: prefetch of {} which is not offloaded (bad schedule)", name(st.node)));
         inst.push_back({static_cast<std::int64_t>(g.nodes[u].meta.nbytes()), 1, false});
-        live += inst.back().bytes;
-        peak = std::max(peak, live);
+        grow(inst.back().bytes, 0, st);
         holds[u] = static_cast<std::int32_t>(inst.size() - 1);
         away[u] = 0;
         break;

@@ -181,7 +181,7 @@ class Runner {
 
   void run_steps() {
     for (const Step& st : s_.steps)  // every step checked before the first runs
-      if (std::string e = detail::step_error(g_, st); !e.empty()) throw Error("execute: " + e);
+      if (std::string e = detail::step_error(g_, st, s_.sinks); !e.empty()) throw Error("execute: " + e);
     for (std::size_t si = 0; si < s_.steps.size(); ++si) {
       const Step& st = s_.steps[si];
       step_ = si;
@@ -383,6 +383,9 @@ class Runner {
       throw Error(fmt::format("execute: offload of {}#{} which holds no value (bad schedule)", op_def(nd.op).name, id));
     if (op_def(nd.op).view)
       throw Error(fmt::format("execute: offload of {}#{}, a view (bad schedule)", op_def(nd.op).name, id));
+    if (nd.value.dtype() != nd.meta.dtype)
+      throw Error(fmt::format("execute: offload of {}#{} while it is stored compressed (bad schedule)",
+                              op_def(nd.op).name, id));
     arrived(id);  // (a prefetched value offloaded again: the copy stream orders them anyway)
     double ts = trace_ ? trace_->now_us() : 0;
     HostCopy c;

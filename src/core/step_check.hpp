@@ -8,26 +8,65 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "core/device.hpp"
 
 #include "ad/schedule.hpp"
 #include "core/graph_impl.hpp"
 
 namespace ad::detail {
 
-// "" when the step is allowed, else what is wrong (the caller names itself)
-inline std::string step_error(const GraphImpl& g, const Step& st) {
+// "" when the step is allowed, else what is wrong (the caller names itself).
+// sinks: the schedule's (Schedule::sinks).
+inline std::string step_error(const GraphImpl& g, const Step& st, const std::vector<Parameter>& sinks) {
   const auto n = static_cast<std::int32_t>(g.nodes.size());
   if (st.node < 0 || st.node >= n) return fmt::format("a step names node {}, not a node of the graph", st.node);
   const Node& nd = g.node(st.node);
   const OpDef& def = op_def(nd.op);
   auto name = [&](std::int32_t id) { return fmt::format("{}#{}", op_def(g.node(id).op).name, id); };
+  auto kind = [&] {
+    switch (st.kind) {
+      case Step::Kind::offload: return "offload";
+      case Step::Kind::prefetch: return "prefetch";
+      case Step::Kind::compress: return "compress";
+      default: return "decompress";
+    }
+  };
+  // a gradient step's sink: named by the schedule, and the node is a gradient of that parameter's meta
+  auto sink_error = [&]() -> std::string {
+    const auto k = st.aux;
+    if (k >= static_cast<std::int32_t>(sinks.size()) || !sinks[static_cast<std::size_t>(k)].defined())
+      return fmt::format("{} of {} names sink {} of {} (bad schedule)",
+                         st.kind == Step::Kind::compute ? "compute" : "accumulate", name(st.node), k, sinks.size());
+    const Parameter& p = sinks[static_cast<std::size_t>(k)];
+    const Tensor& v = p.value();
+    if (!(v.shape() == nd.meta.shape) || v.dtype() != nd.meta.dtype || !(v.device() == nd.meta.device))
+      return fmt::format("{} of {} ({}) into the gradient of parameter \"{}\" ({}{} on {}): another shape, dtype or "
+                         "device (bad schedule)",
+                         st.kind == Step::Kind::compute ? "compute" : "accumulate", name(st.node), describe(nd.meta),
+                         p.name(), dtype_name(v.dtype()), v.shape().str(), device::name(v.device()));
+    return {};
+  };
   switch (st.kind) {
     case Step::Kind::free:
       if (!def.cpu) return fmt::format("free of {}, a leaf: the engine never frees leaves (bad schedule)", name(st.node));
       break;
+    case Step::Kind::accumulate:
+      if (st.aux < 0) return fmt::format("accumulate of {} names sink {} (bad schedule)", name(st.node), st.aux);
+      return sink_error();
+    case Step::Kind::offload:
+    case Step::Kind::prefetch:
+    case Step::Kind::decompress:
+      if (!def.cpu)
+        return fmt::format("{} of {}, a leaf: a leaf's value is the caller's tensor, which the engine never moves or "
+                           "converts (bad schedule)", kind(), name(st.node));
+      break;
     case Step::Kind::compute: {
+      if (st.aux >= 0)
+        if (std::string e = sink_error(); !e.empty()) return e;
       if (st.reuse < 0) break;
       if (st.reuse >= n) return fmt::format("compute of {} names reuse node {}, not a node of the graph", name(st.node), st.reuse);
       if (def.view || st.aux >= 0)
@@ -49,6 +88,9 @@ inline std::string step_error(const GraphImpl& g, const Step& st) {
       break;
     }
     case Step::Kind::compress:
+      if (!def.cpu)
+        return fmt::format("{} of {}, a leaf: a leaf's value is the caller's tensor, which the engine never moves or "
+                           "converts (bad schedule)", kind(), name(st.node));
       if (st.aux < 0 || st.aux > static_cast<std::int32_t>(DType::i64) || !is_floating(static_cast<DType>(st.aux)))
         return fmt::format("compress of {} to dtype value {}: not a floating dtype (bad schedule)", name(st.node), st.aux);
       break;
