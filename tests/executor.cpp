@@ -779,3 +779,53 @@ TEST_CASE("executor: a peak beyond 2^63 bytes is an error, not a wrapped figure"
   }
 }
 }  // namespace ad::test
+
+namespace ad::test {
+// Every sink's gradient state is checked before the first step: a parameter
+// given a tensor of another shape (gradient not zeroed) failed at its own
+// accumulate step, after another parameter's gradient had been added to (a
+// retry then added it twice).
+TEST_CASE("executor: a stale gradient fails the run before any gradient is added to") {
+  ad::Parameter a(ad::Tensor::full({3}, 1.0, ad::DType::f64), "a"), b(ad::Tensor::full({3}, 1.0, ad::DType::f64), "b");
+  {
+    ad::Graph g;
+    ad::backward(ad::sum(ad::mul(ad::add(g.param(a), g.param(b)), g.input(ad::Tensor::full({3}, 2.0, ad::DType::f64)))));
+  }
+  a.value() = ad::Tensor::full({4}, 1.0, ad::DType::f64);  // another shape; a.zero_grad() forgotten
+  ad::Graph g;
+  Var la = ad::sum(ad::mul(g.param(a), g.input(ad::Tensor::full({4}, 2.0, ad::DType::f64))));
+  Var lb = ad::sum(ad::mul(g.param(b), g.input(ad::Tensor::full({3}, 2.0, ad::DType::f64))));
+  Var l = ad::add(la, lb);
+  for (ad::Policy pol : {ad::policy::keep_all(), ad::policy::budget(1 << 20)}) {
+    CHECK_THROWS_WITH_AS(ad::backward(l, pol), doctest::Contains("parameter \"a\" holds a gradient f64[3] but is now f64[4]"),
+                         ad::Error);
+    CHECK(b.grad().to_vector() == std::vector<double>(3, 2.0));  // as before the failed run
+  }
+  a.zero_grad();
+  ad::backward(l);
+  CHECK(b.grad().to_vector() == std::vector<double>(3, 4.0));
+}
+
+// A step that fails after gradient steps added to gradients holding earlier
+// contents: those are not restored (copying every gradient would cost its
+// memory each step), and the error says which.
+TEST_CASE("executor: a run failing after it added to gradients names them") {
+  using K = ad::Step::Kind;
+  ad::Parameter w(ad::Tensor::full({4}, 1.0), "w");
+  {
+    ad::Graph g0;
+    ad::backward(ad::sum(g0.param(w)));  // w's gradient holds ones
+  }
+  ad::Graph g;
+  Var x = g.input(ad::Tensor::full({4}, 0.5));
+  Var a = ad::tanh(x), c = ad::exp(x), d = ad::mul(c, c);
+  ad::Schedule s;
+  s.sinks = {w};
+  s.steps = {{K::compute, a.id()}, {K::accumulate, a.id(), 0}, {K::compute, d.id()}};  // c holds no value
+  CHECK_THROWS_WITH_AS(ad::execute(g.impl(), s),
+                       doctest::Contains("which holds no value (bad schedule); this step had already added to the "
+                                         "gradients of 1 parameter (w)"),
+                       ad::Error);
+  CHECK(w.grad().to_vector()[0] == doctest::Approx(1.0 + std::tanh(0.5)));
+}
+}  // namespace ad::test

@@ -1,6 +1,7 @@
 // Runs a Schedule. Decides nothing: computes, frees and accumulates exactly
 // as listed, and measures the peak through the graph's allocator.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,20 @@ namespace ad {
 
 namespace {
 
+// "" unless the parameter holds a gradient (not zeroed) of another shape,
+// dtype or device than its value: it was given another tensor since
+std::string stale_grad_error(const Parameter& p) {
+  const ParamState& s = *p.state();
+  const Tensor& v = s.value;
+  const bool stale = s.grad.defined() && (!(s.grad.shape() == v.shape()) || s.grad.dtype() != v.dtype() ||
+                                          !(s.grad.device() == v.device()));
+  if (!stale || s.grad_zero) return {};
+  return fmt::format("execute: parameter \"{}\" holds a gradient {}{} but is now {}{}: call zero_grad() after giving "
+                     "it another tensor",
+                     p.name(), dtype_name(s.grad.dtype()), s.grad.shape().str(), dtype_name(v.dtype()),
+                     v.shape().str());
+}
+
 void accumulate_into(const Parameter& p, const Tensor& v) {
   ParamState& s = *p.state();
   if (!(v.shape() == s.value.shape()) || v.dtype() != s.value.dtype())
@@ -25,11 +40,7 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
                             v.shape().str(), dtype_name(s.value.dtype()), s.value.shape().str()));
   const bool stale_shape = s.grad.defined() && (!(s.grad.shape() == v.shape()) || s.grad.dtype() != v.dtype() ||
                                                 !(s.grad.device() == v.device()));
-  if (stale_shape && !s.grad_zero)  // the parameter was given a tensor of another shape since this gradient
-    throw Error(fmt::format("execute: parameter \"{}\" holds a gradient {}{} but is now {}{}: call zero_grad() after "
-                            "giving it another tensor",
-                            p.name(), dtype_name(s.grad.dtype()), s.grad.shape().str(), dtype_name(v.dtype()),
-                            v.shape().str()));
+  if (std::string e = stale_grad_error(p); !e.empty()) throw Error(e);  // (execute checked it before the first step)
   s.grad_fresh = true;
   if (!s.grad.defined() || stale_shape) {  // a zeroed gradient of the old shape: replaced
     s.grad = v.clone(default_allocator(v.device()));
@@ -86,9 +97,17 @@ class Runner {
     prepare_rollback();
     try {
       run_steps();
-    } catch (...) {
+    } catch (const Error& e) {
       try {
         settle();  // no copy in flight may outlive the values dropped next
+      } catch (...) {
+      }
+      const std::string left = rollback();
+      if (left.empty()) throw;
+      throw Error(std::string(e.what()) + left);
+    } catch (...) {
+      try {
+        settle();
       } catch (...) {
       }
       rollback();
@@ -115,7 +134,7 @@ class Runner {
   // and the values the run computed are dropped (the graph's memory is what
   // it was, so the same plan fits again).
   struct SinkBefore {
-    bool had = false, zero = false, fresh = false;
+    bool had = false, zero = false, fresh = false, touched = false;
     Tensor copy;  // a gradient's contents, copied before the run first changed them
   };
   std::vector<SinkBefore> sink_before_;
@@ -128,7 +147,7 @@ class Runner {
     for (std::size_t k = 0; k < s_.sinks.size(); ++k)
       if (s_.sinks[k].defined()) {
         const ParamState& ps = *s_.sinks[k].state();
-        sink_before_[k] = {ps.grad.defined(), ps.grad_zero, ps.grad_fresh, {}};
+        sink_before_[k] = {ps.grad.defined(), ps.grad_zero, ps.grad_fresh, false, {}};
       }
     std::int32_t fwd_end = -1;  // forward nodes: up to the last target (gradient nodes come after it)
     for (auto t : s_.targets) fwd_end = std::max(fwd_end, t);
@@ -146,17 +165,26 @@ class Runner {
   // Before the run first changes sinks[k]'s gradient: a gradient holding
   // contents (accumulated by earlier backward calls, not zeroed) is copied
   // where a forward step still follows. Later steps are gradient kernels,
-  // which check nothing the forward did not: such a copy of every gradient
-  // would cost a parameter's memory each step for nothing.
+  // which check nothing the forward did not (and every sink's state is
+  // checked before the first step): such a copy of every gradient would cost
+  // a parameter's memory each step for nothing. What can still fail there
+  // (memory, the budget guard finding nothing to evict) names the gradients
+  // it leaves changed (rollback).
   void save_sink(std::int32_t k) {
     if (k < 0 || static_cast<std::size_t>(k) >= sink_before_.size()) return;
     SinkBefore& b = sink_before_[static_cast<std::size_t>(k)];
+    b.touched = true;
     if (b.copy.defined() || !b.had || b.zero || !any_fwd_step_ || step_ > last_fwd_step_) return;
     const ParamState& ps = *s_.sinks[static_cast<std::size_t>(k)].state();
     if (ps.grad.defined() && !ps.grad_zero) b.copy = ps.grad.clone();
   }
-  void rollback() noexcept {
+  // Returns "" when every gradient is as before the run, else a sentence
+  // naming those that gradient steps after the forward ones added to.
+  std::string rollback() noexcept {
+    std::string left;
     try {
+      std::vector<std::string> changed;
+      std::size_t unnamed = 0;
       for (std::size_t k = 0; k < sink_before_.size(); ++k) {
         if (!s_.sinks[k].defined()) continue;
         ParamState& ps = *s_.sinks[k].state();
@@ -169,19 +197,37 @@ class Runner {
         } else if (b.copy.defined()) {
           ps.grad.copy_from(b.copy);
         } else {
+          if (b.touched && ps.name.empty()) ++unnamed;
+          else if (b.touched && std::find(changed.begin(), changed.end(), ps.name) == changed.end())
+            changed.push_back(ps.name);
           continue;  // not changed before the failure (or only by gradient steps after the forward ones)
         }
         ps.grad_fresh = b.fresh;
       }
       for (std::size_t id = 0; id < had_value_.size() && id < g_.nodes.size(); ++id)
         if (g_.nodes[id].last_run_computes > 0 && !had_value_[id]) g_.nodes[id].value = Tensor{};
+      const std::size_t total = changed.size() + unnamed;
+      if (total > 0) {
+        std::string which;
+        if (!changed.empty())
+          which = fmt::format(" ({}{}{})",
+                              fmt::join(changed.begin(), changed.begin() + std::min<std::ptrdiff_t>(4, std::ssize(changed)), ", "),
+                              changed.size() > 4 ? ", ..." : "", unnamed > 0 ? fmt::format(" and {} unnamed", unnamed) : "");
+        left = fmt::format("; this step had already added to the gradients of {} parameter{}{}, which are not "
+                           "restored: zero_grad() them (or redo their earlier steps) before retrying",
+                           total, total == 1 ? "" : "s", which);
+      }
     } catch (...) {
     }
+    return left;
   }
 
   void run_steps() {
     for (const Step& st : s_.steps)  // every step checked before the first runs
       if (std::string e = detail::step_error(g_, st, s_.sinks); !e.empty()) throw Error("execute: " + e);
+    for (const Parameter& p : s_.sinks)  // and every gradient a step will add to (a later failure left others added)
+      if (p.defined())
+        if (std::string e = stale_grad_error(p); !e.empty()) throw Error(e);
     for (std::size_t si = 0; si < s_.steps.size(); ++si) {
       const Step& st = s_.steps[si];
       step_ = si;
@@ -205,7 +251,7 @@ class Runner {
           if (st.aux < 0 || static_cast<std::size_t>(st.aux) >= s_.sinks.size() ||
               !s_.sinks[static_cast<std::size_t>(st.aux)].defined())
             throw Error(fmt::format("execute: accumulate step names sink {} of {}", st.aux, s_.sinks.size()));
-          if (!nd.value.defined() && budget_ > 0 && evicted_[static_cast<std::size_t>(st.node)]) compute(st.node);
+          if (!nd.value.defined() && budget_ > 0 && evicted_[static_cast<std::size_t>(st.node)]) recompute(st.node);
           if (!nd.value.defined())
             throw Error(fmt::format("execute: accumulate of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
@@ -224,10 +270,21 @@ class Runner {
         case Step::Kind::compress:
         case Step::Kind::decompress: {
           arrived(st.node);
+          if (!nd.value.defined() && budget_ > 0 && evicted_[static_cast<std::size_t>(st.node)]) {
+            // evicted by the guard (stored compressed or not yet): recomputed when the decompress step
+            // wants it back, in its own dtype; a compress of it has nothing to store
+            if (st.kind == Step::Kind::decompress) recompute(st.node);
+            break;
+          }
           if (!nd.value.defined())
             throw Error(fmt::format("execute: (de)compress of {}#{} which holds no value (bad schedule)",
                                     op_def(nd.op).name, st.node));
           DType to = st.kind == Step::Kind::compress ? static_cast<DType>(st.aux) : nd.meta.dtype;
+          if (budget_ > 0) {  // both copies exist for a moment: the new one must fit too
+            protect_.push_back(st.node);
+            make_room(st.node, nd.meta.shape.numel() * static_cast<std::int64_t>(dtype_size(to)));
+            protect_.pop_back();
+          }
           double ts = trace_ ? trace_->now_us() : 0;
           Tensor t = Tensor::empty(nd.meta.shape, to, nd.meta.device, g_.alloc);
           if (trace_) {  // both copies exist now: the moment the live counter must show
@@ -272,16 +329,30 @@ class Runner {
     if (!def.cpu) throw Error(fmt::format("execute: node {} ({}) has no value and cannot be computed", id, def.name));
     const std::size_t guard_mark = protect_.size();
     if (budget_ > 0) protect_.insert(protect_.end(), nd.inputs.begin(), nd.inputs.end());  // in use up the stack
+    // the guard recomputing an evicted value whose input the schedule holds
+    // compressed or offloaded at this point: a copy of that input in its own
+    // dtype for this kernel only (counted against the budget, dropped after it)
+    std::vector<std::pair<std::int32_t, Tensor>> copies;
     for (auto in : nd.inputs) {
       if (g_.node(in).value.defined()) {
-        if (g_.node(in).value.dtype() != g_.node(in).meta.dtype)
+        if (g_.node(in).value.dtype() != g_.node(in).meta.dtype) {
+          if (budget_ > 0 && depth_ > 0) {
+            copies.emplace_back(in, copy_for_recompute(in));
+            continue;
+          }
           throw Error(fmt::format("execute: {}#{} reads {}#{} while it is stored compressed (bad schedule)", def.name,
                                   id, op_def(g_.node(in).op).name, in));
+        }
         continue;
       }
-      if (away_.count(in))
+      if (away_.count(in)) {
+        if (budget_ > 0 && depth_ > 0) {
+          copies.emplace_back(in, copy_for_recompute(in));
+          continue;
+        }
         throw Error(fmt::format("execute: {}#{} reads {}#{} while it is offloaded to host memory (bad schedule)",
                                 def.name, id, op_def(g_.node(in).op).name, in));
+      }
       if (budget_ > 0 && (evicted_[static_cast<std::size_t>(in)] || depth_ > 0)) {
         // evicted by the guard, or needed to recompute such a value: recompute on demand
         ++depth_;
@@ -307,6 +378,11 @@ class Runner {
     if (budget_ > 0) make_room(id, (def.view || dst || victim ? 0 : static_cast<std::int64_t>(nd.meta.nbytes())) + ws_bytes);
     ins_.clear();
     for (auto in : nd.inputs) {
+      auto c = std::find_if(copies.begin(), copies.end(), [&](const auto& e) { return e.first == in; });
+      if (c != copies.end()) {
+        ins_.push_back(&c->second);
+        continue;
+      }
       arrived(in);
       ins_.push_back(&g_.node(in).value);
     }
@@ -332,6 +408,10 @@ class Runner {
       t0 = trace_->now_us();
     }
     kernel(a);
+    for (auto& [in, t] : copies) {  // the value itself stays as the schedule holds it
+      if (trace_) note_release(in, t, TraceEvent::Kind::free);
+      t = Tensor{};
+    }
     // kernels write through raw(): tell graphs holding this storage as a leaf
     // (a gradient buffer given to Graph::input, say) that it changed
     if (!def.view) out.mark_modified();
@@ -419,6 +499,7 @@ class Runner {
     if (it == away_.end())
       throw Error(fmt::format("execute: prefetch of {}#{} which is not offloaded (bad schedule)", op_def(nd.op).name, id));
     double ts = trace_ ? trace_->now_us() : 0;
+    if (budget_ > 0) make_room(id, static_cast<std::int64_t>(nd.meta.nbytes()));
     Tensor t = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
     if (trace_) event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(t.nbytes()));
     HostCopy& c = it->second;
@@ -434,6 +515,36 @@ class Runner {
       span(TraceEvent::Kind::prefetch, id, ts, op_def(nd.op).name);
       mark_live();
     }
+  }
+
+  // A value the guard evicted, wanted back by a step: recomputed, and so are
+  // its inputs that the schedule has freed by now (recursively).
+  void recompute(std::int32_t id) {
+    ++depth_;
+    compute(id);
+    --depth_;
+  }
+
+  // A copy of a value the schedule holds compressed or offloaded, in its own
+  // dtype in the graph's memory, for the guard's recomputation of another.
+  Tensor copy_for_recompute(std::int32_t id) {
+    const Node& nd = g_.node(id);
+    make_room(id, static_cast<std::int64_t>(nd.meta.nbytes()));
+    Tensor t = Tensor::empty(nd.meta.shape, nd.meta.dtype, nd.meta.device, g_.alloc);
+    if (trace_) {
+      event(TraceEvent::Kind::alloc, id, static_cast<std::int64_t>(t.nbytes()));
+      mark_live();
+    }
+    if (nd.value.defined()) {
+      arrived(id);
+      t.copy_from(nd.value);  // converts
+    } else if (const HostCopy& c = away_.at(id); c.pinned) {
+      cuda_rt::wait_and_release(t.device().index, cuda_rt::copy_to_device_async(t.device().index, t.raw(), c.pinned,
+                                                                                static_cast<std::size_t>(c.bytes)));
+    } else {
+      t.copy_from(c.host);
+    }
+    return t;
   }
 
   // Before anything reads a prefetched value: the compute stream waits for its copy.
