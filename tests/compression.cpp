@@ -107,3 +107,26 @@ TEST_CASE("compression: max keeps its gradient when its input is stored rounded"
     CHECK(max_rel_err({gr}, {ref}) < 2e-2);
   }
 }
+
+// f16 holds at most 65504: a kept activation above it became infinite, and
+// its gradients with it, silently. The compress step now refuses it.
+TEST_CASE("compression: a value beyond f16's range is an error naming it, not an infinite gradient") {
+  ad::Parameter w = ad::Parameter::zeros({1, 4});
+  for (int i = 0; i < 4; ++i) w.value().data<float>()[i] = 10.0f + static_cast<float>(i);  // exp: 2.2e4 .. 4.4e5
+  auto run = [&](const ad::Policy& pol) {
+    ad::Graph g;
+    ad::Var e = ad::exp(ad::mul_scalar(g.param(w), 1.0));
+    ad::backward(ad::sum(ad::mul(e, e)), pol);
+  };
+  CHECK_THROWS_WITH_AS(run(ad::policy::keep_all().compressed(ad::DType::f16)),
+                       doctest::Contains("to f16: 2 finite elements are beyond f16's range (largest finite 65504)"),
+                       ad::Error);
+  CHECK(!w.has_grad());  // the failed step left no gradient
+  run(ad::policy::keep_all().compressed(ad::DType::bf16));  // bf16 holds them (to its precision)
+  const std::vector<double> gr = w.grad().to_vector();
+  for (int i = 0; i < 4; ++i) {
+    const double want = 2 * std::exp(2.0 * (10.0 + i));
+    CHECK(std::isfinite(gr[static_cast<std::size_t>(i)]));
+    CHECK(std::abs(gr[static_cast<std::size_t>(i)] - want) < 2e-2 * want);
+  }
+}

@@ -1009,3 +1009,28 @@ TEST_CASE("cuda: attention errors on the GPU name the op") {
     CHECK_THROWS_WITH_AS(eval(attention(q, k, k)), doctest::Contains("over the CUDA grid's limit of 65535"), Error);
   }
 }
+
+// f16 holds at most 65504: on the GPU the compress steps count what became
+// infinite on the device and the run fails once, at the end of its steps,
+// naming the values (added after the last GPU run: not yet run on one).
+TEST_CASE("cuda: a value compressed beyond f16's range on the GPU is an ad::Error") {
+  if (skip_without_gpu()) return;
+  const Device dev = Device::cuda(0);
+  Tensor w0 = Tensor::zeros({1, 4});
+  for (int i = 0; i < 4; ++i) w0.data<float>()[i] = 10.0f + static_cast<float>(i);
+  Parameter w(w0.to(dev), "w");
+  auto run = [&](const Policy& pol) {
+    Graph g;
+    Var e = exp(mul_scalar(g.param(w), 1.0));
+    backward(sum(mul(e, e)), pol);
+  };
+  CHECK_THROWS_WITH_AS(run(policy::keep_all().compressed(DType::f16)),
+                       doctest::Contains("finite elements beyond the storage dtype's range (f16: largest finite 65504) became infinite"), Error);
+  CHECK(!w.has_grad());
+  run(policy::keep_all().compressed(DType::bf16));
+  const std::vector<double> gr = w.grad().to(Device::cpu()).to_vector();
+  for (int i = 0; i < 4; ++i) CHECK(std::isfinite(gr[static_cast<std::size_t>(i)]));
+  // and a run after the failed one starts from a zero count
+  w.zero_grad();
+  run(policy::keep_all().compressed(DType::bf16));
+}

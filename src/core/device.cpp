@@ -62,6 +62,8 @@ void deallocate(int, void*, std::size_t) noexcept {}
 void copy(void*, int, const void*, int, std::size_t) { no_cuda(); }
 void memset(int, void*, int, std::size_t) { no_cuda(); }
 void add_into(Tensor&, const Tensor&) { no_cuda(); }
+void count_cast_overflows(const Tensor&, const Tensor&) { no_cuda(); }
+std::uint64_t take_cast_overflows(int) { return 0; }
 void* host_alloc(std::size_t) { no_cuda(); }
 void host_free(void*) noexcept {}
 void copy_to_host_async(int, void*, const void*, std::size_t) { no_cuda(); }

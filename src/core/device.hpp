@@ -3,6 +3,7 @@
 // CUDA parts in src/cuda/runtime.cpp (or stubs that throw in a build
 // without CUDA).
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "ad/dtype.hpp"
@@ -30,6 +31,11 @@ void copy(void* dst, int dst_dev, const void* src, int src_dev, std::size_t byte
 void memset(int dev, void* p, int value, std::size_t bytes);
 // dst += src elementwise (same shape and float dtype, both on one GPU).
 void add_into(Tensor& dst, const Tensor& src);
+// Counts, on the device, the elements finite in `from` but not in `to` (its
+// conversion to a narrower dtype, same shape, one GPU), into a counter that
+// take_cast_overflows(dev) reads (waiting for the device) and resets.
+void count_cast_overflows(const Tensor& from, const Tensor& to);
+std::uint64_t take_cast_overflows(int dev);
 
 // ---- host offload (the executor's Offload / Prefetch steps) ----
 // Kernels run on the device's compute stream (the default stream); copies

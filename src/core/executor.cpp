@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <unordered_map>
@@ -292,6 +293,7 @@ class Runner {
             mark_live();
           }
           t.copy_from(nd.value);  // converts
+          if (st.kind == Step::Kind::compress) check_range(st.node, nd.value, t);
           if (trace_) note_release(st.node, nd.value, TraceEvent::Kind::free);
           nd.value = std::move(t);
           if (trace_) {
@@ -305,6 +307,7 @@ class Runner {
         case Step::Kind::prefetch: prefetch(st.node); break;
       }
     }
+    check_gpu_ranges();
   }
 
   // into >= 0: the node is sinks[into]'s gradient; when that parameter's
@@ -516,6 +519,58 @@ class Runner {
       mark_live();
     }
   }
+
+  // A compressed copy must hold every finite element finitely (f16 holds at
+  // most 65504: a larger activation became infinite and its gradients wrong,
+  // silently). On the CPU counted here, before the value is replaced; on a
+  // GPU counted on the device and read once at the end of the steps
+  // (check_gpu_ranges), not at every compress.
+  void check_range(std::int32_t id, const Tensor& from, const Tensor& to) {
+    if (to.is_cuda()) {
+      cuda_rt::count_cast_overflows(from, to);
+      if (std::find(gpu_ranges_.begin(), gpu_ranges_.end(), to.device().index) == gpu_ranges_.end())
+        gpu_ranges_.push_back(to.device().index);
+      gpu_compressed_.push_back(id);
+      return;
+    }
+    std::int64_t bad = 0;
+    const std::int64_t n = from.numel();
+    auto ld = [](DType t, const void* p, std::int64_t i) -> double {
+      switch (t) {
+        case DType::f32: return static_cast<const float*>(p)[i];
+        case DType::f64: return static_cast<const double*>(p)[i];
+        case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+        case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+        default: return 0;
+      }
+    };
+    for (std::int64_t i = 0; i < n; ++i)
+      bad += std::isfinite(ld(from.dtype(), from.raw(), i)) && !std::isfinite(ld(to.dtype(), to.raw(), i));
+    if (bad > 0) throw Error(range_error(fmt::format("compress of {}#{} ({})", op_def(g_.node(id).op).name, id,
+                                                     describe(g_.node(id).meta)), bad, to.dtype()));
+  }
+  static std::string range_error(const std::string& what, std::int64_t bad, DType to) {
+    return fmt::format("execute: {} to {}: {} finite element{} beyond {}'s range (largest finite {}) would become "
+                       "infinite and make the gradients wrong; store it as bf16, or keep it",
+                       what, dtype_name(to), bad, bad == 1 ? " is" : "s are", dtype_name(to),
+                       to == DType::f16 ? "65504" : to == DType::bf16 ? "3.39e38" : "3.40e38");
+  }
+  void check_gpu_ranges() {
+    std::uint64_t bad = 0;
+    for (int dev : gpu_ranges_) bad += cuda_rt::take_cast_overflows(dev);
+    gpu_ranges_.clear();
+    if (bad == 0) return;
+    std::vector<std::string> names;
+    for (std::size_t k = 0; k < gpu_compressed_.size() && k < 4; ++k)
+      names.push_back(fmt::format("{}#{}", op_def(g_.node(gpu_compressed_[k]).op).name, gpu_compressed_[k]));
+    throw Error(fmt::format("execute: values stored compressed on the GPU ({}{}): {} finite element{} beyond the "
+                            "storage dtype's range (f16: largest finite 65504) became infinite, so the gradients are "
+                            "wrong; store them as bf16, or keep them",
+                            fmt::join(names, ", "), gpu_compressed_.size() > 4 ? ", ..." : "", bad,
+                            bad == 1 ? "" : "s"));
+  }
+  std::vector<int> gpu_ranges_;
+  std::vector<std::int32_t> gpu_compressed_;
 
   // A value the guard evicted, wanted back by a step: recomputed, and so are
   // its inputs that the schedule has freed by now (recursively).

@@ -25,6 +25,11 @@ template <class F>
 void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, void* y, const Shape& ys, F f);
 // y = x converted between any of f32, f64, f16, bf16.
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
+// Adds to a device counter the elements finite in x (dtype from) but not in
+// y (its conversion, dtype to); take_cast_overflows() copies the counter to
+// the host (synchronizing the current device) and resets it.
+void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n);
+std::uint64_t take_cast_overflows();
 // dst += src.
 void add_into(DType t, void* dst, const void* src, std::int64_t n);
 // y[i] = dropout's f(x[i], i) (src/ops/random_math.hpp).

@@ -146,6 +146,41 @@ void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Sh
 AD_PW_UNARY_LIST(AD_INSTANTIATE_UNARY)
 AD_PW_BINARY_LIST(AD_INSTANTIATE_BINARY)
 
+namespace {
+__device__ unsigned long long g_cast_overflows = 0;
+__device__ inline double load_any(DType t, const void* p, std::int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f64: return static_cast<const double*>(p)[i];
+    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+    default: return 0;
+  }
+}
+__global__ void count_cast_overflows_kernel(DType from, const void* x, DType to, const void* y, std::int64_t n) {
+  unsigned long long mine = 0;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    mine += isfinite(load_any(from, x, i)) && !isfinite(load_any(to, y, i));
+  if (mine) atomicAdd(&g_cast_overflows, mine);  // (rare: most threads add nothing)
+}
+}  // namespace
+
+void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n) {
+  if (n == 0) return;
+  count_cast_overflows_kernel<<<blocks_for(n), kThreads>>>(from, x, to, y, n);
+  check_launch("count_cast_overflows");
+}
+std::uint64_t take_cast_overflows() {
+  unsigned long long v = 0;
+  check_call(cudaMemcpyFromSymbol(&v, g_cast_overflows, sizeof(v)), "cudaMemcpyFromSymbol (cast overflows)");
+  if (v != 0) {
+    const unsigned long long zero = 0;
+    check_call(cudaMemcpyToSymbol(g_cast_overflows, &zero, sizeof(zero)), "cudaMemcpyToSymbol (cast overflows)");
+  }
+  return v;
+}
+
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n) {
   if (n == 0) return;
   auto g = blocks_for(n);

@@ -379,6 +379,15 @@ void wait_and_release(int dev, void* event) {
   AD_CUDA_CHECK(r);
 }
 
+void count_cast_overflows(const Tensor& from, const Tensor& to) {
+  DeviceGuard g(to.device().index);
+  cuda_k::count_cast_overflows(from.dtype(), from.raw(), to.dtype(), to.raw(), to.numel());
+}
+std::uint64_t take_cast_overflows(int dev) {
+  DeviceGuard g(dev);
+  return cuda_k::take_cast_overflows();
+}
+
 void add_into(Tensor& dst, const Tensor& src) {
   if (!dst.is_cuda() || src.device() != dst.device())
     throw Error(fmt::format("accumulate: gradient on {} but its buffer on {}", device::name(src.device()),
