@@ -452,3 +452,12 @@ TEST_CASE("tensor: i64 above 2^53 converts to f32, bf16 and f16 with one roundin
   CHECK(h[5] == 65504.0);  // below the f16 overflow threshold 65520
   CHECK(std::isinf(h[6]));
 }
+
+namespace ad::test {
+TEST_CASE("tensor: full and fill of an i64 tensor refuse values that are not integers it holds") {
+  CHECK(Tensor::full({2}, 3.0, DType::i64).to_vector() == std::vector<double>{3, 3});
+  for (double bad : {1.5, -0.25, std::nan(""), 1e19, -1e300, 9223372036854775808.0})
+    CHECK_THROWS_WITH_AS(Tensor::full({2}, bad, DType::i64), doctest::Contains("is not an integer an i64 tensor can hold"), Error);
+  CHECK(Tensor::full({1}, -9223372036854775808.0, DType::i64).at({0}) == -9223372036854775808.0);
+}
+}  // namespace ad::test

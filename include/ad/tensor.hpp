@@ -108,7 +108,7 @@ class Tensor {
   // Throws ad::Error if the device cannot be used (see ad::cuda::require).
   Tensor to(Device device) const;
   bool is_cuda() const { return device().kind == DeviceKind::cuda; }
-  void fill(double value);
+  void fill(double value);  // an i64 tensor: an integer within its range (else ad::Error)
   // Copies values from `src` (same shape; converted if dtypes differ).
   void copy_from(const Tensor& src);
   bool same_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
