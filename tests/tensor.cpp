@@ -456,8 +456,10 @@ TEST_CASE("tensor: i64 above 2^53 converts to f32, bf16 and f16 with one roundin
 namespace ad::test {
 TEST_CASE("tensor: full and fill of an i64 tensor refuse values that are not integers it holds") {
   CHECK(Tensor::full({2}, 3.0, DType::i64).to_vector() == std::vector<double>{3, 3});
-  for (double bad : {1.5, -0.25, std::nan(""), 1e19, -1e300, 9223372036854775808.0})
-    CHECK_THROWS_WITH_AS(Tensor::full({2}, bad, DType::i64), doctest::Contains("is not an integer an i64 tensor can hold"), Error);
+  for (double bad : {1.5, -0.25, 1e-300})
+    CHECK_THROWS_WITH_AS(Tensor::full({2}, bad, DType::i64), doctest::Contains("does not convert to i64: not an integer"), Error);
+  for (double bad : {std::nan(""), 1e19, -1e300, 9223372036854775808.0})
+    CHECK_THROWS_WITH_AS(Tensor::full({2}, bad, DType::i64), doctest::Contains("does not convert to i64"), Error);
   CHECK(Tensor::full({1}, -9223372036854775808.0, DType::i64).at({0}) == -9223372036854775808.0);
 }
 }  // namespace ad::test

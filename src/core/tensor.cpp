@@ -251,10 +251,9 @@ Tensor Tensor::to(DType dtype) const {
 }
 void Tensor::fill(double value) {
   if (!defined()) throw Error("Tensor::fill: undefined tensor");
-  // an i64 tensor holds integers: 1.5 truncated to 1, NaN to whatever the cast gave
-  if (dtype_ == DType::i64 && !(value == std::trunc(value) && std::abs(value) <= 9223372036854775807.0 &&
-                                value != 9223372036854775808.0))
-    throw Error(fmt::format("Tensor::fill: {} is not an integer an i64 tensor can hold ({})", value, shape_.str()));
+  // an i64 tensor holds integers: 1.5 was truncated to 1 (not finite or out of range: visit_store's error)
+  if (dtype_ == DType::i64 && std::isfinite(value) && value != std::trunc(value))
+    throw Error(fmt::format("Tensor::fill: {} does not convert to i64: not an integer ({})", value, shape_.str()));
   mark_modified();
   if (is_cuda()) {
     Tensor h = empty(shape_, dtype_);
