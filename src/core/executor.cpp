@@ -13,6 +13,7 @@
 #include "core/graph_impl.hpp"
 #include "core/device.hpp"
 #include "core/kernels.hpp"
+#include "core/load.hpp"
 #include "ad/trace.hpp"
 #include "core/step_check.hpp"
 
@@ -535,17 +536,9 @@ class Runner {
     }
     std::int64_t bad = 0;
     const std::int64_t n = from.numel();
-    auto ld = [](DType t, const void* p, std::int64_t i) -> double {
-      switch (t) {
-        case DType::f32: return static_cast<const float*>(p)[i];
-        case DType::f64: return static_cast<const double*>(p)[i];
-        case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-        case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-        default: return 0;
-      }
-    };
     for (std::int64_t i = 0; i < n; ++i)
-      bad += std::isfinite(ld(from.dtype(), from.raw(), i)) && !std::isfinite(ld(to.dtype(), to.raw(), i));
+      bad += std::isfinite(detail::load_as_double(from.dtype(), from.raw(), i)) &&
+             !std::isfinite(detail::load_as_double(to.dtype(), to.raw(), i));
     if (bad > 0) throw Error(range_error(fmt::format("compress of {}#{} ({})", op_def(g_.node(id).op).name, id,
                                                      describe(g_.node(id).meta)), bad, to.dtype()));
   }

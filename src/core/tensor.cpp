@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/device.hpp"
+#include "core/load.hpp"
 
 namespace ad {
 
@@ -43,16 +44,7 @@ void check_float_draw(const char* what, DType t) {
     throw Error(fmt::format("Tensor::{}: dtype {} is not a float type (use Tensor::randint for integers)", what,
                             dtype_name(t)));
 }
-double load(DType t, const void* p, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(p)[i]);
-  }
-  return 0;
-}
+double load(DType t, const void* p, std::int64_t i) { return detail::load_as_double(t, p, i); }
 // i64 -> f64 rounded to odd (truncated toward zero, last bit set when
 // inexact), for an i64 going to f32, f16 or bf16: rounding it once more to
 // nearest then gives the i64's own nearest value. Through the nearest f64

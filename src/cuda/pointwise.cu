@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ad/error.hpp"
+#include "core/load.hpp"
 #include "cuda/launch.hpp"
 #include "cuda/util.cuh"
 #include "ops/random_math.hpp"
@@ -148,20 +149,11 @@ AD_PW_BINARY_LIST(AD_INSTANTIATE_BINARY)
 
 namespace {
 __device__ unsigned long long g_cast_overflows = 0;
-__device__ inline double load_any(DType t, const void* p, std::int64_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f64: return static_cast<const double*>(p)[i];
-    case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-    default: return 0;
-  }
-}
 __global__ void count_cast_overflows_kernel(DType from, const void* x, DType to, const void* y, std::int64_t n) {
   unsigned long long mine = 0;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    mine += isfinite(load_any(from, x, i)) && !isfinite(load_any(to, y, i));
+    mine += isfinite(detail::load_as_double(from, x, i)) && !isfinite(detail::load_as_double(to, y, i));
   if (mine) atomicAdd(&g_cast_overflows, mine);  // (rare: most threads add nothing)
 }
 }  // namespace

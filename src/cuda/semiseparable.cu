@@ -1459,6 +1459,26 @@ __device__ inline void scan3_lookback(const int* f, const float2* ag, const doub
   }
 }
 
+// Unit id (index c >= 0 in its batch, whose units start at id - c) publishes
+// its sum and, past the batch's first unit, looks back for its exclusive
+// prefix (added into ex) and publishes its inclusive prefix.
+template <int KB>
+__device__ inline void scan3_unit_prefix(int* flags, float* agg, double* inc, i64 id, i64 c, int nP,
+                                         const double2 (&sum)[2], double2 (&ex)[2], int& s_n, int& s_use) {
+  const i64 rD = 2 * static_cast<i64>(nP), base = id - c;
+  if (c == 0) {
+    publish_sums<double2>(inc + id * rD, sum, nP, flags + id, 2);
+    return;
+  }
+  publish_sums<float2>(agg + id * rD, sum, nP, flags + id, 1);
+  scan3_lookback<KB>(flags + base, reinterpret_cast<const float2*>(agg) + base * nP,
+                     reinterpret_cast<const double2*>(inc) + base * nP, c, nP, ex, s_n, s_use);
+  double2 incl[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) incl[q] = double2{ex[q].x + sum[q].x, ex[q].y + sum[q].y};
+  publish_sums<double2>(inc + id * rD, incl, nP, flags + id, 2);
+}
+
 template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
@@ -1485,17 +1505,7 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   // 2 pe + 1), pe = t + 256 q: the look-back reads 8 bytes per chunk and pair.
   constexpr int kPr = 2;  // pairs of r x D per thread (r D <= 1024)
   const int nP = rD / 2;  // D is even
-  if (c == 0) {
-    publish_sums<double2>(inc + id * rD, a, nP, flags + id, 2);
-  } else {
-    publish_sums<float2>(agg + id * rD, a, nP, flags + id, 1);
-    scan3_lookback<KB>(flags + b * nc, reinterpret_cast<const float2*>(agg) + b * nc * nP,
-                       reinterpret_cast<const double2*>(inc) + b * nc * nP, c, nP, ex, s_n, s_use);
-    double2 incl[kPr];
-#pragma unroll
-    for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + a[q].x, ex[q].y + a[q].y};
-    publish_sums<double2>(inc + id * rD, incl, nP, flags + id, 2);
-  }
+  scan3_unit_prefix<KB>(flags, agg, inc, id, c, nP, a, ex, s_n, s_use);
 #pragma unroll
   for (int q = 0; q < kPr; ++q)
     if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
@@ -1620,17 +1630,7 @@ __global__ void __launch_bounds__(256, 2) causal_cluster_kernel(const float* x, 
     for (int q = 0; q < kPr; ++q) pre[q] = tot[q];
   } else {
     double2 ex[kPr] = {double2{0, 0}, double2{0, 0}};
-    if (k == 0) {
-      publish_sums<double2>(inc + unit * rD, tot, nP, flags + unit, 2);
-    } else {
-      publish_sums<float2>(agg + unit * rD, tot, nP, flags + unit, 1);
-      scan3_lookback<KB>(flags + b * ncl, reinterpret_cast<const float2*>(agg) + b * ncl * nP,
-                         reinterpret_cast<const double2*>(inc) + b * ncl * nP, k, nP, ex, s_n, s_use);
-      double2 incl[kPr];
-#pragma unroll
-      for (int q = 0; q < kPr; ++q) incl[q] = double2{ex[q].x + tot[q].x, ex[q].y + tot[q].y};
-      publish_sums<double2>(inc + unit * rD, incl, nP, flags + unit, 2);
-    }
+    scan3_unit_prefix<KB>(flags, agg, inc, unit, k, nP, tot, ex, s_n, s_use);
 #pragma unroll
     for (int q = 0; q < kPr; ++q)
       if (t + 256 * q < nP) G[t + 256 * q] = ex[q];
