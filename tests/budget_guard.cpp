@@ -133,3 +133,33 @@ TEST_CASE("budget guard: recomputing a value whose input is offloaded") {
   for (double v : xt.to_vector()) want += static_cast<double>(std::exp(std::tanh(static_cast<float>(v))));
   CHECK(sb.value().item() == doctest::Approx(want).epsilon(1e-5));
 }
+
+// A run failing at a gradient's compute step (the guard finding nothing to
+// evict) before anything was added: the error named the parameter as
+// changed, and told the caller to zero a gradient that was still correct.
+TEST_CASE("budget guard: a failure before any gradient is added names none") {
+  ad::Rng rng(1);
+  const ad::Tensor X = ad::Tensor::randn({4, 64}, rng);
+  ad::Parameter W0 = ad::Parameter::randn({64, 64}, rng, 0.1, ad::DType::f32, "W0");
+  ad::Parameter W1 = ad::Parameter::randn({64, 64}, rng, 0.1, ad::DType::f32, "W1");
+  auto build = [&](ad::Graph& g) { return ad::mean(ad::tanh(ad::matmul(ad::tanh(ad::matmul(g.input(X), W0)), W1))); };
+  ad::Graph g;
+  ad::Var L = build(g);
+  ad::Plan p = ad::plan_backward(L, ad::policy::keep_all());  // planned while no gradient exists
+  {
+    ad::Graph g2;
+    ad::backward(build(g2));  // the gradients hold contents now
+  }
+  const ad::Tensor b0 = W0.grad().clone(), b1 = W1.grad().clone();
+  p.schedule.budget_bytes = 10000;  // below the 16 KiB a gradient now takes in the graph
+  std::string msg;
+  try {
+    ad::execute(*p.graph, p.schedule);
+  } catch (const ad::Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("nothing left to evict") != std::string::npos);
+  CHECK(msg.find("already added") == std::string::npos);
+  CHECK(ad::bitwise_equal(W0.grad(), b0));
+  CHECK(ad::bitwise_equal(W1.grad(), b1));
+}

@@ -175,7 +175,6 @@ class Runner {
   void save_sink(std::int32_t k) {
     if (k < 0 || static_cast<std::size_t>(k) >= sink_before_.size()) return;
     SinkBefore& b = sink_before_[static_cast<std::size_t>(k)];
-    b.touched = true;
     if (b.copy.defined() || !b.had || b.zero || !any_fwd_step_ || step_ > last_fwd_step_) return;
     const ParamState& ps = *s_.sinks[static_cast<std::size_t>(k)].state();
     if (ps.grad.defined() && !ps.grad_zero) b.copy = ps.grad.clone();
@@ -265,6 +264,9 @@ class Runner {
             const Tensor& gr = sink.state()->grad;
             bool written = gr.defined() && gr.storage() == nd.value.storage() && gr.raw() == nd.value.raw();
             if (!written) accumulate_into(sink, nd.value);  // else the compute step wrote it in place
+            // (a gradient holding earlier contents changes only here: a compute step writes in place only
+            // into an absent or zeroed one, which rollback restores anyway)
+            sink_before_[static_cast<std::size_t>(st.aux)].touched = true;
             if (trace_) span(TraceEvent::Kind::accumulate, st.node, ts, s_.sinks[static_cast<std::size_t>(st.aux)].name());
             if (g_.on_grad_ready) g_.on_grad_ready(s_.sinks[static_cast<std::size_t>(st.aux)]);
           }
