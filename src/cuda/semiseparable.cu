@@ -24,6 +24,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -1649,6 +1652,7 @@ __global__ void __launch_bounds__(256, 2) causal_cluster_kernel(const float* x, 
 #else
   (void)x, (void)d, (void)lo, (void)u, (void)v, (void)y, (void)flags, (void)counter, (void)agg, (void)inc, (void)N,
       (void)D, (void)r, (void)nc, (void)ncl, (void)p;
+  __trap();  // never launched from code built before sm_90 (causal_cluster_kb checks the loaded code's version)
 #endif
 }
 
@@ -1656,11 +1660,8 @@ __global__ void __launch_bounds__(256, 2) causal_cluster_kernel(const float* x, 
 template <int KB, bool kExact>
 bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
                        const float* v, float* y, void* ws, int CS) {
-  int dev = 0, major = 0;
-  check_call(cudaGetDevice(&dev), "cudaGetDevice");
-  check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D, true);
-  if (major < 9 || !p.fits || p.smem_bytes > block_smem_optin()) return false;
+  if (!p.fits) return false;
   const i64 nc = (dm.N + p.Lg - 1) / p.Lg, ncl = (nc + CS - 1) / CS, units = dm.B * ncl, rD = dm.r * dm.D;
   // the one-pass kernel's workspace holds the clusters' flags, sums and prefixes (units <= its chunks)
   const i64 fb = semisep_plan::staged_scan_flag_bytes(dm.B, dm.N, dm.D, dm.r);
@@ -1668,7 +1669,42 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
     throw Error("semiseparable_matvec (causal, clusters): the workspace is too small (a launcher's bug)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
   auto kernel = causal_cluster_kernel<KB, kExact>;
-  allow_smem(kernel, smem);
+  // Whether clusters of CS such blocks run here, asked once per device and kernel: the device (sm_90 on),
+  // the code loaded for it (a build without sm_90 code JIT-compiles the sm_80 PTX, whose body is empty),
+  // its shared memory, and a cluster that fits
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, bool> usable;
+  int dev = 0;
+  check_call(cudaGetDevice(&dev), "cudaGetDevice");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = usable.try_emplace({dev, reinterpret_cast<const void*>(kernel), CS}, false);
+    if (fresh) {
+      int major = 0, active = 0;
+      cudaFuncAttributes fa{};
+      check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+      bool ok = major >= 9 && p.smem_bytes <= block_smem_optin() && cudaFuncGetAttributes(&fa, kernel) == cudaSuccess &&
+                fa.ptxVersion >= 90;
+      if (ok) {
+        allow_smem(kernel, smem);
+        cudaLaunchConfig_t q = {};
+        q.gridDim = dim3(static_cast<unsigned>(CS));
+        q.blockDim = dim3(256);
+        q.dynamicSmemBytes = smem;
+        cudaLaunchAttribute qa[1] = {};
+        qa[0].id = cudaLaunchAttributeClusterDimension;
+        qa[0].val.clusterDim.x = static_cast<unsigned>(CS);
+        qa[0].val.clusterDim.y = 1;
+        qa[0].val.clusterDim.z = 1;
+        q.attrs = qa;
+        q.numAttrs = 1;
+        ok = cudaOccupancyMaxActiveClusters(&active, kernel, &q) == cudaSuccess && active >= 1;
+      }
+      (void)cudaGetLastError();  // a refusal above is not an error of the product: the one-pass kernel runs instead
+      it->second = ok;
+    }
+    if (!it->second) return false;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(units * CS));
   cfg.blockDim = dim3(256);
@@ -1681,11 +1717,6 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
   at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
   cfg.numAttrs = 1;
-  int active = 0;
-  if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess || active < 1) {
-    (void)cudaGetLastError();  // not an error of the product: the one-pass kernel runs instead
-    return false;
-  }
   int* flags = static_cast<int*>(ws);
   float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + fb);
   double* inc = reinterpret_cast<double*>(agg + units * rD);  // 16-byte aligned: r D is a multiple of 8
