@@ -40,7 +40,9 @@ struct TransformerBlockOptions {
   Mixer mixer = Mixer::attention;
   std::int64_t mixer_rank = 8, max_len = 0;  // semiseparable mixer only
   bool causal = true;
-  double init_stddev = 0.02;  // projections ~ N(0, s^2) (GPT-2 style), biases 0; 0: U(+-1/sqrt(in))
+  // attention and MLP projections ~ N(0, s^2) (GPT-2 style), biases 0; 0: U(+-1/sqrt(in)). The semiseparable
+  // mixer keeps its own init (SemiseparableMixer::make: w_in, w_out ~ N(0, 1/dim)), whatever this is.
+  double init_stddev = 0.02;
 };
 
 // Pre-norm block: x + attn(ln1(x)), then x + W2 gelu(W1 ln2(x)).
