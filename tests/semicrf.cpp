@@ -487,3 +487,38 @@ void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
                    [](const std::vector<Var>& v) { return semicrf_cumulative(v[0]); }});
 }
 }  // namespace ad::test
+
+namespace ad::test {
+// NaN or +inf in S, Tr, D or P reached the kernels: a NaN was taken as -inf
+// in some places and ignored in others (a finite logZ, a Viterbi answer next
+// to a logZ of -inf), +inf gave a NaN logZ. Now an ad::Error names the element.
+TEST_CASE("semicrf: NaN and +inf scores are an ad::Error naming the element; -inf still forbids") {
+  auto run = [](int which, double v, int op) {
+    Tensor S = Tensor::full({2, 5, 3}, 0.1, DType::f64), Tr = Tensor::full({3, 3}, 0.1, DType::f64),
+           D = Tensor::full({2, 3}, 0.1, DType::f64), P = Tensor::full({3}, 0.1, DType::f64);
+    const std::int64_t lv[2] = {4, 3};
+    Tensor L = Tensor::from(std::span<const std::int64_t>(lv, 2), {2});
+    Tensor* t[] = {&S, &Tr, &D, &P};
+    t[which]->data<double>()[which == 0 ? 4 : 0] = v;  // S[0, 1, 1], else Tr[0, 0] / D[0, 0] / P[0]
+    Graph g;
+    Var s = g.input(S), tr = g.input(Tr), d = g.input(D), p = g.input(P), l = g.input(L);
+    if (op == 0) return eval(semicrf_logz(s, tr, d, p, l));
+    if (op == 1) return eval(semicrf_viterbi(s, tr, d, p, l));
+    if (op == 2) return eval(semicrf_marginals(s, tr, d, p, l));
+    return eval(grad(sum(semicrf_logz(s, tr, d, p, l)), {p})[0]);
+  };
+  const char* names[] = {"S[0, 1, 1]", "Tr[0, 0]", "D[0, 0]", "P[0]"};
+  for (int which = 0; which < 4; ++which)
+    for (double v : {std::nan(""), std::numeric_limits<double>::infinity()})
+      for (int op = 0; op < 4; ++op) {
+        INFO(names[which] << " = " << v << ", op " << op);
+        CHECK_THROWS_WITH_AS(run(which, v, op), doctest::Contains(names[which]), Error);
+      }
+  for (int which = 1; which < 4; ++which) {  // -inf forbids: a finite logZ while some segmentation remains
+    const std::vector<double> z = run(which, -std::numeric_limits<double>::infinity(), 0).to_vector();
+    CHECK(std::isfinite(z[0]));
+    CHECK(std::isfinite(z[1]));
+  }
+  CHECK_THROWS_WITH_AS(run(0, -std::numeric_limits<double>::infinity(), 0), doctest::Contains("is not finite"), Error);
+}
+}  // namespace ad::test

@@ -41,6 +41,14 @@
 // so their error is about (cumulative score) u: with position scores near
 // 1e15 (1e20 with Tr (C, C)) two tied segmentations no longer split 0.5 /
 // 0.5 (a review's case). Keep scores well under 1/u of the dtype.
+// Forbid a segment with -inf, not with a huge finite "mask": on the fast path
+// (Tr (C, C)) a finite score of huge magnitude spoils the other segments'
+// probabilities (a review: marginal errors 3e-3 with -1e9 in f32, 1.7e-2 with
+// -1e15 in f64, values outside [0, 1] with -FLT_MAX), and a huge positive one
+// can make logZ -inf (+1e12 in f32); the general path (Tr (K, C, C)) held.
+// A NaN or infinite S, or a NaN or +inf in Tr, D or P, throws ad::Error when
+// the op runs, naming the element (on a GPU S is not checked: only Tr, D and
+// P are copied to the host for it).
 #include "ad/graph.hpp"
 
 namespace ad {

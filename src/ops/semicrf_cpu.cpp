@@ -170,6 +170,41 @@ void check_lengths(const char* op, const Args& a) {
       kernel_fail(op, fmt::format("L[{}] = {} is outside 1..T = 1..{}", b, a.L[b], a.d.T));
 }
 
+namespace {
+template <class E> void check_scores_t(const char* op, const Args& a, bool s) {
+  const Dims& d = a.d;
+  if (s) {
+    const E* S = static_cast<const E*>(a.S);
+    for (std::int64_t b = 0; b < d.B; ++b)
+      for (std::int64_t i = 0; i < (a.L[b] + 1) * d.C; ++i) {
+        const E v = S[b * (d.T + 1) * d.C + i];
+        if (!std::isfinite(static_cast<double>(v)))
+          kernel_fail(op, fmt::format("S[{}, {}, {}] = {} is not finite: cumulative scores must be (forbid segments "
+                                      "with -inf in Tr, D or P)",
+                                      b, i / d.C, i % d.C, static_cast<double>(v)));
+      }
+  }
+  auto model = [&](const char* name, const void* p, std::int64_t n, auto index) {
+    const E* x = static_cast<const E*>(p);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto v = static_cast<double>(x[i]);
+      if (std::isnan(v) || v == std::numeric_limits<double>::infinity())
+        kernel_fail(op, fmt::format("{}[{}] = {}: a model score must be finite, or -inf to forbid", name, index(i), v));
+    }
+  };
+  const std::int64_t C = d.C;
+  if (d.general) model("Tr", a.Tr, d.K * C * C, [&](std::int64_t i) { return fmt::format("{}, {}, {}", i / (C * C), i / C % C, i % C); });
+  else model("Tr", a.Tr, C * C, [&](std::int64_t i) { return fmt::format("{}, {}", i / C, i % C); });
+  model("D", a.D, d.K * C, [&](std::int64_t i) { return fmt::format("{}, {}", i / C, i % C); });
+  model("P", a.P, C, [&](std::int64_t i) { return fmt::format("{}", i); });
+}
+}  // namespace
+
+void check_scores(const char* op, const Args& a, bool s) {
+  if (a.dtype == DType::f64) check_scores_t<double>(op, a, s);
+  else check_scores_t<float>(op, a, s);
+}
+
 // ---- the fast path, one sequence at a time per lane, labels split over a team ----
 namespace {
 
@@ -777,14 +812,17 @@ void run_pass(const Args& a, Pass pass, const void* dlogz, void* out, void* ws, 
 
 void logz_cpu(const Args& a, void* out, void* ws, int threads) {
   check_lengths("semicrf_logz", a);
+  check_scores("semicrf_logz", a);
   run_pass(a, Pass::logz, nullptr, out, ws, threads);
 }
 void logz_backward_cpu(const Args& a, const void* dlogz, void* out, void* ws, int threads) {
   check_lengths("semicrf_logz_backward", a);
+  check_scores("semicrf_logz_backward", a);
   run_pass(a, Pass::backward, dlogz, out, ws, threads);
 }
 void marginals_cpu(const Args& a, void* out, void* ws, int threads) {
   check_lengths("semicrf_marginals", a);
+  check_scores("semicrf_marginals", a);
   run_pass(a, Pass::marginals, nullptr, out, ws, threads);
 }
 

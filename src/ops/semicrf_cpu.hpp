@@ -55,6 +55,12 @@ struct Args {
 
 // Throws (kernel_fail, naming `op`) unless 1 <= L[b] <= T for all b.
 void check_lengths(const char* op, const Args& a);
+// Throws (naming `op` and the element) on a NaN or infinite S[b, t, c] for
+// t <= L[b] (cumulative scores are finite: semicrf_cumulative), or a NaN or
+// +inf in Tr, D or P (-inf forbids; +inf made logZ NaN, NaN was taken as -inf
+// in some places and ignored in others). Host pointers; `s` false skips S
+// (on a GPU only Tr, D and P are copied to the host for it).
+void check_scores(const char* op, const Args& a, bool s = true);
 
 // logZ (B) into out (dtype of S).
 void logz_cpu(const Args& a, void* out, void* ws, int threads);

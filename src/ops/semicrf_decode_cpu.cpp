@@ -217,16 +217,19 @@ template <class E> void viterbi_impl(const Args& a, std::int64_t* out, void* ws,
 
 void score_cpu(const Args& a, const std::int64_t* seg, void* out) {
   check_segments("semicrf_score", a, seg);
+  check_scores("semicrf_score", a);
   if (a.dtype == DType::f64) score_impl(a, seg, static_cast<double*>(out));
   else score_impl(a, seg, static_cast<float*>(out));
 }
 void score_backward_cpu(const Args& a, const std::int64_t* seg, const void* dscore, void* out) {
   check_segments("semicrf_score_backward", a, seg);
+  check_scores("semicrf_score_backward", a);
   if (a.dtype == DType::f64) score_backward_impl(a, seg, static_cast<const double*>(dscore), static_cast<double*>(out));
   else score_backward_impl(a, seg, static_cast<const float*>(dscore), static_cast<float*>(out));
 }
 void viterbi_cpu(const Args& a, std::int64_t* out, void* ws, int threads) {
   check_lengths("semicrf_viterbi", a);
+  check_scores("semicrf_viterbi", a);
   if (a.dtype == DType::f64) viterbi_impl<double>(a, out, ws, threads);
   else viterbi_impl<float>(a, out, ws, threads);
 }
