@@ -983,6 +983,15 @@ TEST_CASE("cuda: a non-finite semicrf score is an ad::Error naming b, t and c") 
   Graph g;
   Var S = semicrf_cumulative(g.input(Tensor::from(std::span<const float>(xs), {2, 2, 2}).to(Device::cuda(0))));
   CHECK_THROWS_WITH_AS(eval(S), doctest::Contains("scores[1, 1, 1] = -inf is not finite"), Error);
+  // a NaN transition (checked on the host from a copy of Tr, D and P; added after the last GPU run)
+  const Device dev = Device::cuda(0);
+  Tensor tr = Tensor::full({2, 2}, 0.1);
+  tr.data<float>()[3] = NAN;
+  Graph h;
+  Var z = semicrf_logz(h.input(Tensor::zeros({1, 4, 2}).to(dev)), h.input(tr.to(dev)),
+                       h.input(Tensor::full({2, 2}, 0.1).to(dev)), h.input(Tensor::full({2}, 0.1).to(dev)),
+                       h.input(Tensor::full({1}, 3.0, DType::i64).to(dev)));
+  CHECK_THROWS_WITH_AS(eval(z), doctest::Contains("Tr[1, 1] = nan"), Error);
 }
 
 TEST_CASE("cuda: attention errors on the GPU name the op") {
