@@ -1669,6 +1669,18 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
     throw Error("semiseparable_matvec (causal, clusters): the workspace is too small (a launcher's bug)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
   auto kernel = causal_cluster_kernel<KB, kExact>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(units * CS));  // a multiple of the cluster
+  cfg.blockDim = dim3(256);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = nullptr;
+  cudaLaunchAttribute at[1] = {};
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = static_cast<unsigned>(CS);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
   // Whether clusters of CS such blocks run here, asked once per device and kernel: the device (sm_90 on),
   // the code loaded for it (a build without sm_90 code JIT-compiles the sm_80 PTX, whose body is empty),
   // its shared memory, and a cluster that fits
@@ -1687,36 +1699,13 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
                 fa.ptxVersion >= 90;
       if (ok) {
         allow_smem(kernel, smem);
-        cudaLaunchConfig_t q = {};
-        q.gridDim = dim3(static_cast<unsigned>(CS));
-        q.blockDim = dim3(256);
-        q.dynamicSmemBytes = smem;
-        cudaLaunchAttribute qa[1] = {};
-        qa[0].id = cudaLaunchAttributeClusterDimension;
-        qa[0].val.clusterDim.x = static_cast<unsigned>(CS);
-        qa[0].val.clusterDim.y = 1;
-        qa[0].val.clusterDim.z = 1;
-        q.attrs = qa;
-        q.numAttrs = 1;
-        ok = cudaOccupancyMaxActiveClusters(&active, kernel, &q) == cudaSuccess && active >= 1;
+        ok = cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active >= 1;
       }
       (void)cudaGetLastError();  // a refusal above is not an error of the product: the one-pass kernel runs instead
       it->second = ok;
     }
     if (!it->second) return false;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(units * CS));
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = nullptr;
-  cudaLaunchAttribute at[1] = {};
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = static_cast<unsigned>(CS);
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
   int* flags = static_cast<int*>(ws);
   float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + fb);
   double* inc = reinterpret_cast<double*>(agg + units * rD);  // 16-byte aligned: r D is a multiple of 8
