@@ -21,14 +21,17 @@ namespace ad {
 
 namespace {
 
+// the parameter holds a gradient (zeroed or not) of another shape, dtype or device than `like`
+bool grad_stale(const ParamState& s, const Tensor& like) {
+  return s.grad.defined() && (!(s.grad.shape() == like.shape()) || s.grad.dtype() != like.dtype() ||
+                              !(s.grad.device() == like.device()));
+}
 // "" unless the parameter holds a gradient (not zeroed) of another shape,
 // dtype or device than its value: it was given another tensor since
 std::string stale_grad_error(const Parameter& p) {
   const ParamState& s = *p.state();
   const Tensor& v = s.value;
-  const bool stale = s.grad.defined() && (!(s.grad.shape() == v.shape()) || s.grad.dtype() != v.dtype() ||
-                                          !(s.grad.device() == v.device()));
-  if (!stale || s.grad_zero) return {};
+  if (!grad_stale(s, v) || s.grad_zero) return {};
   return fmt::format("execute: parameter \"{}\" holds a gradient {}{} but is now {}{}: call zero_grad() after giving "
                      "it another tensor",
                      p.name(), dtype_name(s.grad.dtype()), s.grad.shape().str(), dtype_name(v.dtype()),
@@ -40,8 +43,7 @@ void accumulate_into(const Parameter& p, const Tensor& v) {
   if (!(v.shape() == s.value.shape()) || v.dtype() != s.value.dtype())
     throw Error(fmt::format("execute: gradient {}{} does not match parameter {}{}", dtype_name(v.dtype()),
                             v.shape().str(), dtype_name(s.value.dtype()), s.value.shape().str()));
-  const bool stale_shape = s.grad.defined() && (!(s.grad.shape() == v.shape()) || s.grad.dtype() != v.dtype() ||
-                                                !(s.grad.device() == v.device()));
+  const bool stale_shape = grad_stale(s, v);
   if (std::string e = stale_grad_error(p); !e.empty()) throw Error(e);  // (execute checked it before the first step)
   s.grad_fresh = true;
   if (!s.grad.defined() || stale_shape) {  // a zeroed gradient of the old shape: replaced
