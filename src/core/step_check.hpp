@@ -27,14 +27,6 @@ inline std::string step_error(const GraphImpl& g, const Step& st, const std::vec
   const Node& nd = g.node(st.node);
   const OpDef& def = op_def(nd.op);
   auto name = [&](std::int32_t id) { return fmt::format("{}#{}", op_def(g.node(id).op).name, id); };
-  auto kind = [&] {
-    switch (st.kind) {
-      case Step::Kind::offload: return "offload";
-      case Step::Kind::prefetch: return "prefetch";
-      case Step::Kind::compress: return "compress";
-      default: return "decompress";
-    }
-  };
   // a gradient step's sink: named by the schedule, and the node is a gradient of that parameter's meta
   auto sink_error = [&]() -> std::string {
     const auto k = st.aux;
@@ -50,6 +42,14 @@ inline std::string step_error(const GraphImpl& g, const Step& st, const std::vec
                          p.name(), dtype_name(v.dtype()), v.shape().str(), device::name(v.device()));
     return {};
   };
+  const char* moved = st.kind == Step::Kind::offload    ? "offload"
+                      : st.kind == Step::Kind::prefetch ? "prefetch"
+                      : st.kind == Step::Kind::compress ? "compress"
+                      : st.kind == Step::Kind::decompress ? "decompress"
+                                                          : nullptr;
+  if (moved && !def.cpu)
+    return fmt::format("{} of {}, a leaf: a leaf's value is the caller's tensor, which the engine never moves or "
+                       "converts (bad schedule)", moved, name(st.node));
   switch (st.kind) {
     case Step::Kind::free:
       if (!def.cpu) return fmt::format("free of {}, a leaf: the engine never frees leaves (bad schedule)", name(st.node));
@@ -57,13 +57,6 @@ inline std::string step_error(const GraphImpl& g, const Step& st, const std::vec
     case Step::Kind::accumulate:
       if (st.aux < 0) return fmt::format("accumulate of {} names sink {} (bad schedule)", name(st.node), st.aux);
       return sink_error();
-    case Step::Kind::offload:
-    case Step::Kind::prefetch:
-    case Step::Kind::decompress:
-      if (!def.cpu)
-        return fmt::format("{} of {}, a leaf: a leaf's value is the caller's tensor, which the engine never moves or "
-                           "converts (bad schedule)", kind(), name(st.node));
-      break;
     case Step::Kind::compute: {
       if (st.aux >= 0)
         if (std::string e = sink_error(); !e.empty()) return e;
@@ -88,9 +81,6 @@ inline std::string step_error(const GraphImpl& g, const Step& st, const std::vec
       break;
     }
     case Step::Kind::compress:
-      if (!def.cpu)
-        return fmt::format("{} of {}, a leaf: a leaf's value is the caller's tensor, which the engine never moves or "
-                           "converts (bad schedule)", kind(), name(st.node));
       if (st.aux < 0 || st.aux > static_cast<std::int32_t>(DType::i64) || !is_floating(static_cast<DType>(st.aux)))
         return fmt::format("compress of {} to dtype value {}: not a floating dtype (bad schedule)", name(st.node), st.aux);
       break;
