@@ -323,6 +323,51 @@ TEST_CASE("semicrf f32 marginals and score gradients stay accurate at large K (h
   }
 }
 
+TEST_CASE("semicrf: a huge finite mask (-1e9, -FLT_MAX) gives what -inf gives") {
+  // Users forbid with huge finite values too. A lap of the fast path's rings
+  // started at such a value (α near -1e9 where only masked segments end) and
+  // stored the next values as +1e9 relative to it: f32 marginals in
+  // [-4.3, 6.5] with every odd length masked, -0.025 with P and Tr masked;
+  // f64 marginals off by 0.83 with -1e15. The lap's base now moves up
+  // (semicrf::lap_base). Reference: the same model with -inf, in f64.
+  const std::int64_t T = 4000, K = 51, C = 3;
+  Rng rng(151);
+  Tensor x = randn64({1, T, C}, rng, 0, 1.0).to(DType::f32).to(DType::f64);
+  Tensor Tr0 = randn64({C, C}, rng, 0, 0.7), D0 = randn64({K, C}, rng, 0, 0.7), P0 = randn64({C}, rng, 0, 0.7);
+  struct Out { std::vector<double> marg, dx, dTr, dD, dP; };
+  auto run = [&](int mode, double v, DType t) {
+    Tensor Tr = Tr0.to(DType::f64), D = D0.to(DType::f64), P = P0.to(DType::f64);
+    if (mode == 0)  // odd lengths forbidden
+      for (std::int64_t k = 1; k <= K; k += 2)
+        for (std::int64_t j = 0; j < C; ++j) D.data<double>()[(k - 1) * C + j] = v;
+    else {  // label 0 never starts, 0 -> 1 and 1 -> 0 forbidden
+      P.data<double>()[0] = v;
+      Tr.data<double>()[1] = v;
+      Tr.data<double>()[C] = v;
+    }
+    Graph g;
+    Var xv = g.input(x.to(t)), trv = g.input(Tr.to(t)), dv = g.input(D.to(t)), pv = g.input(P.to(t));
+    Var S = semicrf_cumulative(xv), L = g.input(index({T}, {1}));
+    std::vector<Var> gr = grad(sum(semicrf_logz(S, trv, dv, pv, L)), {xv, trv, dv, pv});
+    return Out{eval(semicrf_marginals(S, trv, dv, pv, L)).to_vector(), eval(gr[0]).to_vector(), eval(gr[1]).to_vector(),
+               eval(gr[2]).to_vector(), eval(gr[3]).to_vector()};
+  };
+  for (int mode = 0; mode < 2; ++mode) {
+    const Out want = run(mode, -std::numeric_limits<double>::infinity(), DType::f64);
+    for (DType t : {DType::f32, DType::f64})
+      for (double v : {-1e9, t == DType::f32 ? -3.4e38 : -1e15, t == DType::f32 ? -1e4 : -1e300}) {
+        INFO("mode " << mode << ", " << (t == DType::f32 ? "f32" : "f64") << ", mask " << v);
+        const Out got = run(mode, v, t);
+        const double tol = t == DType::f32 ? 5e-5 : 1e-9;
+        check_close(got.marg, want.marg, tol, "marginals");
+        check_close(got.dx, want.dx, tol, "d scores");
+        check_close(got.dTr, want.dTr, tol, "dTr");
+        check_close(got.dD, want.dD, tol, "dD");
+        check_close(got.dP, want.dP, tol, "dP");
+      }
+  }
+}
+
 TEST_CASE("semicrf results do not depend on the thread count") {
   // B = 3: sequences in parallel lanes; B = 1 and 2 with Ke·C >= 16384: labels split over a team per lane
   for (int variant = 0; variant < 4; ++variant) {

@@ -41,11 +41,11 @@
 // so their error is about (cumulative score) u: with position scores near
 // 1e15 (1e20 with Tr (C, C)) two tied segmentations no longer split 0.5 /
 // 0.5 (a review's case). Keep scores well under 1/u of the dtype.
-// Forbid a segment with -inf, not with a huge finite "mask": on the fast path
-// (Tr (C, C)) a finite score of huge magnitude spoils the other segments'
-// probabilities (a review: marginal errors 3e-3 with -1e9 in f32, 1.7e-2 with
-// -1e15 in f64, values outside [0, 1] with -FLT_MAX), and a huge positive one
-// can make logZ -inf (+1e12 in f32); the general path (Tr (K, C, C)) held.
+// A huge finite "mask" (-1e9, -FLT_MAX) in Tr, D or P gives what -inf gives
+// (tested: marginals and gradients within 5e-5 in f32, 1e-9 in f64; a ring
+// lap's base moves up past such a value, semicrf::lap_base). Huge positive
+// scores do not: a score near 1/u of the dtype (+1e12 in f32) gives
+// marginals outside [0, 1] or infinite; keep scores well under 1/u.
 // A NaN or infinite S, or a NaN or +inf in Tr, D or P, throws ad::Error when
 // the op runs, naming the element (on a GPU S is not checked: only Tr, D and
 // P are copied to the host for it).

@@ -119,22 +119,44 @@ template <class E> struct Fast {
   __device__ double Dv(i64 k, i64 c) const { return static_cast<double>(X.D[(k - 1) * X.C + c]); }
   __device__ double Trv(i64 cp, i64 c) const { return static_cast<double>(X.Tr[cp * X.C + c]); }
 
+  // ---- rings: a lap's values relative to its base (semicrf::lap_base) ----
+  // v into the first slot of a lap (one thread)
+  __device__ static void start_lap(E* slot, double& base, double v) {
+    double bs = 0;
+    semicrf::lap_base(bs, true, v);
+    base = bs;
+    *slot = static_cast<E>(semicrf::to_lap(v, bs));
+  }
+  // v into slot `slot` of column col, whose lap so far holds slots [from, to);
+  // moving the lap's base up moves those slots with it. All 32 lanes of a warp
+  // call it with the same arguments.
+  __device__ void put_warp(E* col, double& base, bool lap_start, i64 from, i64 to, i64 slot, double v) const {
+    double bs = base;
+    const double sh = semicrf::lap_base(bs, lap_start, v);
+    __syncwarp();
+    if (sh != 0)
+      for (i64 i = from + lane; i < to; i += 32) col[i] = static_cast<E>(semicrf::to_lap(static_cast<double>(col[i]), sh));
+    __syncwarp();
+    if (lane == 0) {
+      base = bs;
+      col[slot] = static_cast<E>(semicrf::to_lap(v, bs));
+    }
+    __syncwarp();
+  }
+
   // ---- α ring: column c, slot s % ke, value Ã[s,c] − base[lap parity][c] ----
   __device__ double aval(const E* ring, i64 s, i64 c) const {
-    return static_cast<double>(ring[c * X.ke + s % X.ke]) + abase()[((s / X.ke) & 1) * X.C + c];
+    return semicrf::from_lap(static_cast<double>(ring[c * X.ke + s % X.ke]), abase()[((s / X.ke) & 1) * X.C + c]);
   }
-  // one thread per label
+  // the lap's slots so far: positions lap·ke .. t−1, slots 0 .. t % ke − 1 (one warp per label)
   __device__ void write_aring(E* ring, i64 t, i64 c, double v) const {
-    double& bs = abase()[((t / X.ke) & 1) * X.C + c];
-    if (t % X.ke == 0 && isfinite(v)) bs = v;
-    ring[c * X.ke + t % X.ke] = static_cast<E>(v - bs);
+    const i64 r = t % X.ke;
+    put_warp(ring + c * X.ke, abase()[((t / X.ke) & 1) * X.C + c], r == 0, 0, r, r, v);
   }
   __device__ void init_aring(E* ring) const {
     for (i64 c = tid; c < X.C; c += kThreads) {
-      double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
-      abase()[c] = isfinite(a0) ? a0 : 0.0;
+      start_lap(ring + c * X.ke, abase()[c], static_cast<double>(X.P[c]) - Sv(0, c));
       abase()[X.C + c] = 0.0;
-      ring[c * X.ke] = static_cast<E>(a0 - abase()[c]);
     }
   }
   // row[c] = α[t,c] = S[t,c] + lse_k (Ã[t−k,c] + D[k−1,c]), t >= 1
@@ -168,10 +190,8 @@ template <class E> struct Fast {
         s = warp_sum(s);
         A = M + std::log(s);
       }
-      if (lane == 0) {
-        if (Aout) Aout[c] = A;
-        if (ring) write_aring(ring, t, c, A - Sv(t, c));
-      }
+      if (lane == 0 && Aout) Aout[c] = A;
+      if (ring) write_aring(ring, t, c, A - Sv(t, c));  // A: the same bits on every lane
     }
   }
   // interval row i = row − its maximum (f64), in E
@@ -223,12 +243,13 @@ template <class E> struct Fast {
 
   // ---- β ring: column c, slot e % ke, value B̃[e,c] − base (B̃ = β + S) ----
   __device__ double bval(i64 e, i64 c) const {
-    return static_cast<double>(bring()[c * X.ke + e % X.ke]) + bbase()[((e / X.ke) & 1) * X.C + c];
+    return semicrf::from_lap(static_cast<double>(bring()[c * X.ke + e % X.ke]), bbase()[((e / X.ke) & 1) * X.C + c]);
   }
+  // s < L, one warp per label; the lap's slots so far: positions s+1 .. min(L, its last), slots s % ke + 1 ..
   __device__ void write_bring(i64 s, i64 c, double v) const {
-    double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
-    if ((s == L || s % X.ke == X.ke - 1) && isfinite(v)) bs = v;
-    bring()[c * X.ke + s % X.ke] = static_cast<E>(v - bs);
+    const i64 r = s % X.ke, last = (s / X.ke + 1) * X.ke - 1;
+    put_warp(bring() + c * X.ke, bbase()[((s / X.ke) & 1) * X.C + c], r == X.ke - 1, r + 1,
+             (L < last ? L : last) % X.ke + 1, r, v);
   }
   // γ[s,c] = −S[s,c] + lse_k (B̃[s+k,c] + D[k−1,c]), the start marginal, and
   // dD[k−1,c] += g μ(s,k,c) (s < L)
@@ -289,8 +310,8 @@ template <class E> struct Fast {
         if (dS) dS[s * X.C + cp] = static_cast<E>(g * (en - sm()[cp]));
         if (marg) marg[s * X.C + cp] = static_cast<E>(run()[cp]);
         run()[cp] += en - sm()[cp];
-        write_bring(s, cp, beta + Sv(s, cp));
       }
+      write_bring(s, cp, beta + Sv(s, cp));  // beta: the same bits on every lane
     }
   }
 
@@ -346,7 +367,7 @@ template <class E> struct Fast {
         __syncthreads();
         if (s == L) {
           for (i64 c = tid; c < C; c += kThreads) {
-            write_bring(L, c, Sv(L, c));
+            start_lap(bring() + c * X.ke + L % X.ke, bbase()[((L / X.ke) & 1) * X.C + c], Sv(L, c));
             const double en = row[c] != kNegInf ? std::exp(row[c] - logz) : 0.0;
             if (dS) dS[L * C + c] = static_cast<E>(g * en);
             run()[c] = en;

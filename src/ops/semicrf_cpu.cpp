@@ -383,30 +383,43 @@ template <class E> struct FastSeq {
   // ---- α ----
   // ring slot of position s: reversed, so the window t-1, t-2, ... runs upward
   std::int64_t aslot(std::int64_t s) const { return X.ke - 1 - s % X.ke; }
-  // A lap's base is its first finite value (NaN until there is one: the
-  // values before it are -inf, whatever the base). Taking the lap's first
-  // value only, a lap starting at -inf (lengths restricted by -inf in D)
-  // kept an old base, and its values grew like logZ again.
-  static void rebase(double& bs, bool lap_start, double x) {
-    if (lap_start) bs = finite(x) ? x : std::numeric_limits<double>::quiet_NaN();
-    else if (bs != bs && finite(x)) bs = x;
+  // The value of slot i (hi + lo), relative to its lap's base.
+  double get(const E* col, std::int64_t i) const {
+    double v = static_cast<double>(col[i]);
+    if constexpr (sizeof(E) == 4) v += static_cast<double>(bf16_to_f32(low(col)[i]));
+    return v;
   }
-  static double from_base(double x, double bs) { return finite(x) ? x - bs : x; }
+  // A lap's base moved up by `shift` (lap_base): the lap's stored slots
+  // [from, to) of column col take value - shift, and their block maxima
+  // (rbm, by slot block; no slot of the lap lies outside [from, to)) are
+  // taken again from the new values.
+  void shift_lap(E* col, std::int64_t from, std::int64_t to, double shift, E* rbm) const {
+    if (from >= to) return;
+    constexpr std::int64_t Bk = detail::kBlock<E>;
+    for (std::int64_t i = from; i < to; ++i) put(col, i, to_lap(get(col, i), shift));
+    for (std::int64_t q = from / Bk; q <= (to - 1) / Bk; ++q) {
+      E m = -std::numeric_limits<E>::infinity();
+      for (std::int64_t i = std::max(from, q * Bk); i < std::min(to, (q + 1) * Bk); ++i) m = std::max(m, col[i]);
+      rbm[q] = m;
+    }
+  }
   void write_aring(E* ring, std::int64_t t, std::int64_t c, double at_) const {
     double* base = abase();
     std::int64_t lap = t / X.ke;
     double& bs = base[(lap & 1) * X.C + c];
-    rebase(bs, t % X.ke == 0, at_);
-    E v = put(ring + c * rke(), aslot(t), from_base(at_, bs));
+    E* col = ring + c * rke();
+    // this lap's slots so far: positions lap·ke .. t−1, slots aslot(t)+1 .. ke−1
+    if (double sh = lap_base(bs, t % X.ke == 0, at_); sh != 0) shift_lap(col, aslot(t) + 1, X.ke, sh, rbm_a(lap, c));
+    E v = put(col, aslot(t), to_lap(at_, bs));
     block_max(rbm_a(lap, c), aslot(t), v, false);
   }
   void init_aring(E* ring) const {
     double* base = abase();
     for (std::int64_t c = lo; c < hi; ++c) {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
-      rebase(base[c], true, a0);
+      lap_base(base[c], true, a0);
       base[X.C + c] = 0.0;
-      E v = put(ring + c * rke(), aslot(0), from_base(a0, base[c]));
+      E v = put(ring + c * rke(), aslot(0), to_lap(a0, base[c]));
       block_max(rbm_a(0, c), aslot(0), v, true);
     }
   }
@@ -513,8 +526,11 @@ template <class E> struct FastSeq {
   // ---- β ----
   void write_bring(std::int64_t s, std::int64_t c, double v) const {
     double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
-    rebase(bs, s == L || s % X.ke == X.ke - 1, v);
-    E x = put(bring() + c * rke(), s % X.ke, from_base(v, bs));
+    E* col = bring() + c * rke();
+    // this lap's slots so far: positions s+1 .. min(L, its last), slots s % ke + 1 ..
+    if (double sh = lap_base(bs, s == L || s % X.ke == X.ke - 1, v); sh != 0)
+      shift_lap(col, s % X.ke + 1, std::min(L, (s / X.ke + 1) * X.ke - 1) % X.ke + 1, sh, rbm_b(s / X.ke, c));
+    E x = put(col, s % X.ke, to_lap(v, bs));
     block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
   // γ[s, own c], start marginals, dD and dTr contributions (s < L)

@@ -104,6 +104,37 @@ struct LseAcc {
 // (positions I, 2I, ... below the last interval; the last one is never stored).
 AD_HD std::int64_t checkpoint_count(std::int64_t L, std::int64_t I) { return (L + 1 + I - 1) / I - 1; }
 
+// The base of one lap of a ring (values stored relative to an f64 base per
+// label and lap of Ke positions, so they hold local differences, not values
+// growing like logZ). The base is the lap's first finite value (NaN until
+// there is one: the values before it are -inf), and moves up to a later value
+// more than kRebaseAbove above it. Without the move a lap starting at a huge
+// finite "mask" (-1e9 in D or P: α is near -1e9 there) stored the next
+// values as +1e9 relative to it, and an f32 slot kept none of their digits
+// (marginals outside [0, 1]). Returns the shift the values already stored in
+// the lap must take (they become value - shift), 0 for none.
+inline constexpr double kRebaseAbove = 1024.0;
+AD_HD double lap_base(double& bs, bool lap_start, double x) {
+  const bool fin = x - x == 0.0;  // finite
+  if (lap_start) {
+    bs = fin ? x : std::numeric_limits<double>::quiet_NaN();
+    return 0.0;
+  }
+  if (!fin) return 0.0;
+  if (bs != bs) {
+    bs = x;
+    return 0.0;
+  }
+  if (!(x - bs > kRebaseAbove)) return 0.0;
+  const double shift = x - bs;
+  bs = x;
+  return shift;
+}
+// A ring value relative to its lap's base, and back (-inf stays -inf, also
+// against a NaN base).
+AD_HD double to_lap(double x, double bs) { return x - x == 0.0 ? x - bs : x; }
+AD_HD double from_lap(double stored, double bs) { return stored == kNegInf ? kNegInf : stored + bs; }
+
 // e^x, and exactly 0 for x = -inf (a forbidden term).
 AD_HD double exp_or_zero(double x) { return x == kNegInf ? 0.0 : std::exp(x); }
 
