@@ -41,11 +41,15 @@
 // so their error is about (cumulative score) u: with position scores near
 // 1e15 (1e20 with Tr (C, C)) two tied segmentations no longer split 0.5 /
 // 0.5 (a review's case). Keep scores well under 1/u of the dtype.
-// A huge finite "mask" (-1e9, -FLT_MAX) in Tr, D or P gives what -inf gives
+// A huge finite "mask" (-1e9, -FLT_MAX, also stacked) in Tr, D or P gives
+// what -inf gives for a sequence that keeps an unmasked segmentation
 // (tested: marginals and gradients within 5e-5 in f32, 1e-9 in f64; a ring
-// lap's base moves up past such a value, semicrf::lap_base). Huge positive
-// scores do not: a score near 1/u of the dtype (+1e12 in f32) gives
-// marginals outside [0, 1] or infinite; keep scores well under 1/u.
+// lap's base moves up past such a value, semicrf::lap_base). A sequence
+// whose every segmentation is masked gets a logZ near the mask, not -inf,
+// and marginals only as good as the dtype at that size: forbid with -inf
+// where that can happen. Huge positive scores do not work: a score near 1/u
+// of the dtype (+1e12 in f32) gives marginals outside [0, 1] or infinite;
+// keep scores well under 1/u.
 // A NaN or infinite S, or a NaN or +inf in Tr, D or P, throws ad::Error when
 // the op runs, naming the element (on a GPU S is not checked: only Tr, D and
 // P are copied to the host for it).

@@ -123,7 +123,7 @@ template <class E> struct Fast {
   // v into the first slot of a lap (one thread)
   __device__ static void start_lap(E* slot, double& base, double v) {
     double bs = 0;
-    semicrf::lap_base(bs, true, v);
+    semicrf::lap_base(bs, true, v, 0);
     base = bs;
     *slot = static_cast<E>(semicrf::to_lap(v, bs));
   }
@@ -132,7 +132,7 @@ template <class E> struct Fast {
   // call it with the same arguments.
   __device__ void put_warp(E* col, double& base, bool lap_start, i64 from, i64 to, i64 slot, double v) const {
     double bs = base;
-    const double sh = semicrf::lap_base(bs, lap_start, v);
+    const double sh = semicrf::lap_base(bs, lap_start, v, to - from);
     __syncwarp();
     if (sh != 0)
       for (i64 i = from + lane; i < to; i += 32) col[i] = static_cast<E>(semicrf::to_lap(static_cast<double>(col[i]), sh));

@@ -370,13 +370,14 @@ template <class E> struct FastSeq {
     return nullptr;
   }
   // x (a difference from the lap's base, in f64) into slot i of column col:
-  // hi = x rounded, and for f32 lo = the rest, in bf16 (0 where x is not finite)
+  // hi = x rounded, and for f32 lo = the rest, in bf16 (0 where hi is not
+  // finite: below -FLT_MAX, as two stacked f32 masks make, hi is -inf)
   E put(E* col, std::int64_t i, double x) const {
     const E v = static_cast<E>(x);
     col[i] = v;
     if constexpr (sizeof(E) == 4)
       reinterpret_cast<std::uint16_t*>(col + X.ke)[i] =
-          finite(x) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(v))) : std::uint16_t(0);
+          finite(static_cast<double>(v)) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(v))) : std::uint16_t(0);
     return v;
   }
 
@@ -409,7 +410,8 @@ template <class E> struct FastSeq {
     double& bs = base[(lap & 1) * X.C + c];
     E* col = ring + c * rke();
     // this lap's slots so far: positions lap·ke .. t−1, slots aslot(t)+1 .. ke−1
-    if (double sh = lap_base(bs, t % X.ke == 0, at_); sh != 0) shift_lap(col, aslot(t) + 1, X.ke, sh, rbm_a(lap, c));
+    if (double sh = lap_base(bs, t % X.ke == 0, at_, t % X.ke); sh != 0)
+      shift_lap(col, aslot(t) + 1, X.ke, sh, rbm_a(lap, c));
     E v = put(col, aslot(t), to_lap(at_, bs));
     block_max(rbm_a(lap, c), aslot(t), v, false);
   }
@@ -417,7 +419,7 @@ template <class E> struct FastSeq {
     double* base = abase();
     for (std::int64_t c = lo; c < hi; ++c) {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
-      lap_base(base[c], true, a0);
+      lap_base(base[c], true, a0, 0);
       base[X.C + c] = 0.0;
       E v = put(ring + c * rke(), aslot(0), to_lap(a0, base[c]));
       block_max(rbm_a(0, c), aslot(0), v, true);
@@ -528,8 +530,9 @@ template <class E> struct FastSeq {
     double& bs = bbase()[((s / X.ke) & 1) * X.C + c];
     E* col = bring() + c * rke();
     // this lap's slots so far: positions s+1 .. min(L, its last), slots s % ke + 1 ..
-    if (double sh = lap_base(bs, s == L || s % X.ke == X.ke - 1, v); sh != 0)
-      shift_lap(col, s % X.ke + 1, std::min(L, (s / X.ke + 1) * X.ke - 1) % X.ke + 1, sh, rbm_b(s / X.ke, c));
+    const std::int64_t from = s % X.ke + 1, to = std::min(L, (s / X.ke + 1) * X.ke - 1) % X.ke + 1;
+    if (double sh = lap_base(bs, s == L || s % X.ke == X.ke - 1, v, to - from); sh != 0)
+      shift_lap(col, from, to, sh, rbm_b(s / X.ke, c));
     E x = put(col, s % X.ke, to_lap(v, bs));
     block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
