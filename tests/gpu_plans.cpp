@@ -163,6 +163,7 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
       CHECK((c.Lg * r) % 4 == 0);  // a chunk's rows of u and v start 16-byte aligned
       CHECK(c.smem_bytes >= (c.oE + 2 * r * D) * 4);
       CHECK(r * D <= 1024);  // four elements of the chunk's sum per thread
+      CHECK(c.smem_bytes % 16 == 0);  // the persistent kernel's second buffer starts 16-byte aligned
       const std::int64_t N = std::int64_t{1} << 22;
       const std::int64_t nc = (N + c.Lg - 1) / c.Lg;  // x of nc whole chunks is 4 nc Lg D bytes
       const std::int64_t flags = (nc + 1) * 4 + 15;
@@ -190,5 +191,7 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
   CHECK(scan_fits > 60);
   CHECK(sp::staged_scan(22, 16).fits);  // the issue's size
   CHECK(sp::staged_scan(22, 16, true).fits);
+  // the persistent kernel (variant 7) holds two buffers: within an H100's or H200's 227 KB per block there
+  CHECK(2 * sp::staged_scan(22, 16).smem_bytes <= 227 * 1024);
   CHECK(!sp::staged_scan(22, 12).fits);  // D not a power of two: the two-pass kernels
 }

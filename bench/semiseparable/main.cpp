@@ -413,10 +413,12 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
       throw ad::Error("bench_semiseparable: cudaMemcpy failed");
   });
   // variants: 0 the op's default, 1 the first tiled kernels, 2 the warp-level ones, 3 the staged ones,
-  // 4 the staged ones with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8 and 4 chunks
-  constexpr int kV = 7;
+  // 4 the staged ones with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8 and 4 chunks,
+  // 7 as 4 with the causal product by persistent double-buffered blocks
+  constexpr int kV = 8;
   const char* vname[kV] = {"", ", first tiled kernels", ", warp-level kernels", ", staged kernels",
-                           ", staged kernels, bulk copies", ", clusters of 8 chunks", ", clusters of 4 chunks"};
+                           ", staged kernels, bulk copies", ", clusters of 8 chunks", ", clusters of 4 chunks",
+                           ", persistent, double-buffered"};
   double t_full[kV], t_causal[kV];
   for (int vi = 0; vi < kV; ++vi) {
     t_full[vi] = gpu_time(matvec(false, vi));

@@ -160,7 +160,8 @@ struct SemisepDims {
 // semisep::set_gpu_matvec_variant): 1 the first tiled ones only, 2 the
 // warp-level ones where they apply, 3 the staged ones (f32) where they apply,
 // 4 and 0 the staged ones with bulk copies, 5 and 6 as 4 with the causal
-// product in clusters of 8 and 4 chunks (semiseparable.cu); upto (the tiled kernels only):
+// product in clusters of 8 and 4 chunks, 7 as 4 with the causal product by
+// persistent double-buffered blocks (semiseparable.cu); upto (the tiled kernels only):
 // 1 stops after the chunk sums, 2 after combining them, 3 runs all (the
 // benchmark times the stages by difference; y is not formed before 3; the
 // one-pass causal kernel runs only at 3).

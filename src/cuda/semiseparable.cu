@@ -1296,13 +1296,14 @@ __device__ inline void scan3_copy(const semisep_plan::StagedScan& p, float* sm, 
 // across the block. On return P holds the sum of the sub-chunks before this
 // one in its warp, wt ([8][r][D] at owt) the warps' exclusive prefix (f32),
 // and a[q] the chunk's sum (f64) at elements 2 (t + 256 q) and + 1.
+// `later`: copy groups committed after this chunk's two (a next chunk's).
 template <int KB, bool kExact>
 __device__ inline void scan3_phase1(const semisep_plan::StagedScan& p, float* sm, int n, int ri, int Di,
-                                    float (&P)[2][KB], double2 (&a)[2]) {
+                                    float (&P)[2][KB], double2 (&a)[2], int later = 0) {
   const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5;
   const int h = t / p.Dh, hw = lane / p.Dh, e = 2 * (t % p.Dh), rD = ri * Di;
   const int j_begin = min(h * p.SR, n), j_end = min(j_begin + p.SR, n);
-  __pipeline_wait_prior(1);
+  __pipeline_wait_prior(1 + later);
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < KB; ++k) P[0][k] = P[1][k] = 0.f;
@@ -1353,12 +1354,12 @@ __device__ inline void scan3_phase1(const semisep_plan::StagedScan& p, float* sm
 // outputs, y_i = d_i x_i + lo_{i-1} x_{i-1} + u_i . P_i, from shared memory.
 template <int KB, bool kExact>
 __device__ inline void scan3_phase2(const semisep_plan::StagedScan& p, const float* sm, const double* E, float (&P)[2][KB],
-                                    float* y, i64 b, i64 N, i64 i0, int n, int ri, int Di) {
+                                    float* y, i64 b, i64 N, i64 i0, int n, int ri, int Di, int later = 0) {
   const int t = static_cast<int>(threadIdx.x), w = t >> 5;
   const int h = t / p.Dh, e = 2 * (t % p.Dh), rD = ri * Di;
   const int j_begin = min(h * p.SR, n), j_end = min(j_begin + p.SR, n);
   const float* const wt = sm + p.owt;
-  __pipeline_wait_prior(0);  // u
+  __pipeline_wait_prior(later);  // u
   __syncthreads();
   // this sub-chunk's start: the chunk's prefix, the warps before (wt), the sub-chunks before in the warp
 #pragma unroll
@@ -1568,6 +1569,96 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
   });
 }
 
+// ---- the causal product in one pass, persistent and double-buffered (variant 7) ----
+// In the one-pass kernel a block copies its chunk, then computes: its own
+// copy never overlaps its arithmetic, only the other block's on the
+// multiprocessor does (two per multiprocessor, 110 KB each), and with the
+// look-back removed it still reached only 0.57 of the copy rate (H200). Here
+// one block per multiprocessor keeps two chunk buffers: it claims the next
+// chunk and starts its copy before phase 1 of the current one, so the copy
+// runs under the current chunk's phases and look-back. Chunks are claimed in
+// counter order as before; a block holds at most its current chunk and the
+// next, higher one, so the lowest unfinished chunk is always some block's
+// current one and the look-back cannot deadlock. Workspace, phases and
+// look-back are the one-pass kernel's.
+template <int KB, bool kExact>
+__global__ void __launch_bounds__(256, 1) causal_persist_kernel(const float* x, const float* d, const float* lo,
+                                                                const float* u, const float* v, float* y, int* flags,
+                                                                int* counter, float* agg, double* inc, i64 N, i64 D,
+                                                                i64 r, i64 nc, i64 total, semisep_plan::StagedScan p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ long long s_id[2];
+  __shared__ int s_n, s_use;
+  const int t = static_cast<int>(threadIdx.x);
+  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r), nP = rD / 2;
+  const i64 buf = p.smem_bytes / 4;  // floats per buffer (a multiple of 4: the plan's offsets are)
+  constexpr int kPr = 2;             // element pairs of r x D per thread (r D <= 1024)
+  auto copy = [&](float* sm, i64 id) {
+    const i64 b = id / nc, i0 = (id % nc) * p.Lg;
+    scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg));
+  };
+  if (t == 0) s_id[0] = atomicAdd(counter, 1);
+  __syncthreads();
+  i64 id = s_id[0];
+  if (id >= total) return;
+  copy(reinterpret_cast<float*>(smem_raw), id);
+  for (int cur = 0;; cur ^= 1) {
+    float* const sm = reinterpret_cast<float*>(smem_raw) + cur * buf;
+    if (t == 0) s_id[cur ^ 1] = atomicAdd(counter, 1);
+    __syncthreads();  // the claim is in, and every thread is done with the other buffer (the last chunk's phase 2)
+    const i64 next = s_id[cur ^ 1];
+    if (next < total) {
+      copy(reinterpret_cast<float*>(smem_raw) + (cur ^ 1) * buf, next);
+    } else {  // the two groups the waits below count, empty
+      __pipeline_commit();
+      __pipeline_commit();
+    }
+    const i64 b = id / nc, c = id % nc, i0 = c * p.Lg;
+    const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
+    double* const E = reinterpret_cast<double*>(sm + p.oE);
+    float P[2][KB];
+    double2 a[kPr], ex[kPr] = {double2{0, 0}, double2{0, 0}};
+    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a, 2);
+    scan3_unit_prefix<KB>(flags, agg, inc, id, c, nP, a, ex, s_n, s_use);
+#pragma unroll
+    for (int q = 0; q < kPr; ++q)
+      if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
+    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di, 2);
+    if (next >= total) break;
+    id = next;
+  }
+  __pipeline_wait_prior(0);  // the empty groups
+}
+
+// false where two buffers do not fit a block's shared memory
+template <int KB, bool kExact>
+bool causal_persist_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                       const float* v, float* y, void* ws) {
+  const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
+  const auto smem = static_cast<std::size_t>(2 * p.smem_bytes);
+  if (!p.fits || 2 * p.smem_bytes > block_smem_optin()) return false;
+  const i64 nc = (dm.N + p.Lg - 1) / p.Lg, total = dm.B * nc, rD = dm.r * dm.D;
+  int* flags = static_cast<int*>(ws);
+  float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + semisep_plan::staged_scan_flag_bytes(dm.B, dm.N, dm.D, dm.r));
+  double* inc = reinterpret_cast<double*>(agg + total * rD);  // 16-byte aligned: r D is a multiple of 8
+  auto kernel = causal_persist_kernel<KB, kExact>;
+  allow_smem(kernel, smem);
+  const auto grid = static_cast<unsigned>(std::min<i64>(total, resident_blocks(kernel, smem)));
+  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(total + 1) * sizeof(int)),
+             "cudaMemsetAsync (semiseparable_matvec)");
+  kernel<<<grid, 256, smem>>>(x, d, lo, u, v, y, flags, flags + total, agg, inc, dm.N, dm.D, dm.r, nc, total, p);
+  check_launch("semiseparable_matvec (causal, one pass, persistent)");
+  return true;
+}
+void causal_persist(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                    const float* v, float* y, void* ws) {
+  scan3_by_rank(dm.r, [&](auto kb, auto exact) {
+    constexpr int KB = decltype(kb)::value;
+    constexpr bool kExact = decltype(exact)::value;
+    if (!causal_persist_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws)) causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
+  });
+}
+
 // ---- the causal product in one pass, chunks in clusters (sm_90; variants 5 and 6) ----
 // The look-back above is the kernel's largest wait: chunks finish phase 1
 // every ~90 ns, and a look-back reads the sum of every chunk before it that
@@ -1733,7 +1824,9 @@ void causal_cluster(const SemisepDims& dm, const float* x, const float* d, const
 // pass where semisep_plan::staged_scan fits, S then being its workspace of
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
 // in bulk where the device and the alignment allow; 5 and 6: as 4, the causal
-// product in clusters of 8 and 4 chunks where they can run (else as 4).
+// product in clusters of 8 and 4 chunks where they can run (else as 4); 7: as
+// 4, the causal product by persistent double-buffered blocks where two chunk
+// buffers fit a block (else as 4).
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
@@ -1746,6 +1839,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
     if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
       if (upto != 3) return;
       if (variant == 5 || variant == 6) causal_cluster(dm, x, d, lo, u, v, y, S, variant == 5 ? 8 : 4);
+      else if (variant == 7) causal_persist(dm, x, d, lo, u, v, y, S);
       else causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
     }
