@@ -992,6 +992,26 @@ TEST_CASE("cuda: a non-finite semicrf score is an ad::Error naming b, t and c") 
                        h.input(Tensor::full({2, 2}, 0.1).to(dev)), h.input(Tensor::full({2}, 0.1).to(dev)),
                        h.input(Tensor::full({1}, 3.0, DType::i64).to(dev)));
   CHECK_THROWS_WITH_AS(eval(z), doctest::Contains("Tr[1, 1] = nan"), Error);
+  // a NaN or infinite S within a sequence's length (checked on the device; added after the last GPU run), in every
+  // op that reads S; one past the length is not read
+  auto run = [&](std::int64_t t, float v, int op) {
+    Tensor Sh = Tensor::zeros({2, 5, 2});
+    Sh.data<float>()[(5 + t) * 2 + 1] = v;  // S[1, t, 1]
+    Graph q;
+    Var s = q.input(Sh.to(dev)), trv = q.input(Tensor::full({2, 2}, 0.1).to(dev)),
+        dv = q.input(Tensor::full({2, 2}, 0.1).to(dev)), pv = q.input(Tensor::full({2}, 0.1).to(dev)),
+        lv = q.input(index({4, 2}, {2}).to(dev));
+    if (op == 0) return eval(semicrf_logz(s, trv, dv, pv, lv));
+    if (op == 1) return eval(semicrf_viterbi(s, trv, dv, pv, lv));
+    if (op == 2) return eval(semicrf_marginals(s, trv, dv, pv, lv));
+    return eval(grad(sum(semicrf_logz(s, trv, dv, pv, lv)), {pv})[0]);
+  };
+  for (int op = 0; op < 4; ++op) {
+    INFO("op " << op);
+    CHECK_THROWS_WITH_AS(run(2, NAN, op), doctest::Contains("S[1, 2, 1] = nan is not finite"), Error);
+    CHECK_THROWS_WITH_AS(run(1, -INFINITY, op), doctest::Contains("S[1, 1, 1] = -inf is not finite"), Error);
+    CHECK_NOTHROW(run(3, NAN, op));  // L[1] = 2: S[1, 3] is past the sequence
+  }
 }
 
 TEST_CASE("cuda: attention errors on the GPU name the op") {

@@ -50,9 +50,9 @@
 // where that can happen. Huge positive scores do not work: a score near 1/u
 // of the dtype (+1e12 in f32) gives marginals outside [0, 1] or infinite;
 // keep scores well under 1/u.
-// A NaN or infinite S, or a NaN or +inf in Tr, D or P, throws ad::Error when
-// the op runs, naming the element (on a GPU S is not checked: only Tr, D and
-// P are copied to the host for it).
+// A NaN or infinite S (for t <= L[b]), or a NaN or +inf in Tr, D or P,
+// throws ad::Error when the op runs, naming the element (on a GPU S is
+// checked on the device, Tr, D and P from host copies).
 #include "ad/graph.hpp"
 
 namespace ad {

@@ -251,6 +251,10 @@ std::int64_t semicrf_viterbi(DType t, const SemicrfArgs& a, std::int64_t* out, v
 void semicrf_score(DType t, const SemicrfArgs& a, const std::int64_t* seg, void* out);
 // Its gradient for dscore (B), flat as semicrf_logz_backward.
 void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* seg, const void* dscore, void* out);
+// The flat index into S of its first NaN or infinite value S[b, t, c] with
+// t <= L[b] (L on the device), and that value in *v; -1 if there is none.
+// Waits for the device.
+std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v);
 // S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint.
 // Returns the first b whose scores hold a non-finite value (its last row of S
 // is then non-finite), or -1.

@@ -265,6 +265,34 @@ void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* s
   });
 }
 
+namespace {
+__device__ unsigned long long g_first_bad_s;
+template <class E> __global__ void first_bad_s_kernel(i64 B, i64 T, i64 C, const E* S, const i64* L) {
+  const i64 n = B * (T + 1) * C;
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x)
+    if (i / C % (T + 1) <= L[i / ((T + 1) * C)] && !isfinite(static_cast<double>(S[i])))
+      atomicMin(&g_first_bad_s, static_cast<unsigned long long>(i));
+}
+}  // namespace
+std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v) {
+  const std::int64_t n = a.B * (a.T + 1) * a.C;
+  if (n <= 0) return -1;
+  unsigned long long first = ~0ull;
+  check_call(cudaMemcpyToSymbol(g_first_bad_s, &first, sizeof(first)), "cudaMemcpyToSymbol (semicrf S check)");
+  by_type(t, [&](auto z) {
+    using E = decltype(z);
+    first_bad_s_kernel<E><<<grid_for(n, kThreads), kThreads>>>(a.B, a.T, a.C, static_cast<const E*>(a.S), a.L);
+    check_launch("semicrf S check");
+    check_call(cudaMemcpyFromSymbol(&first, g_first_bad_s, sizeof(first)), "cudaMemcpyFromSymbol (semicrf S check)");
+    if (first == ~0ull) return;
+    E e{};
+    check_call(cudaMemcpy(&e, static_cast<const E*>(a.S) + first, sizeof(E), cudaMemcpyDeviceToHost),
+               "cudaMemcpy (semicrf S check)");
+    *v = static_cast<double>(e);
+  });
+  return first == ~0ull ? -1 : static_cast<std::int64_t>(first);
+}
+
 std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S) {
   if (B <= 0 || C <= 0) return -1;
   std::int64_t bad = -1;

@@ -99,13 +99,19 @@ cuda_k::SemicrfArgs gpu_args(const char* op, const KernelArgs& k) {
   std::vector<std::int64_t> L = host_i64(k[4]);
   x.L = L.data();
   semicrf::check_lengths(op, x);
-  {  // Tr, D and P checked on the host (small); S is not copied for it
+  const cuda_k::SemicrfArgs g{x.d.B, x.d.T, x.d.K, x.d.C, x.d.general, x.S, x.Tr, x.D, x.P, k[4].data<std::int64_t>()};
+  {  // S checked on the device (its first bad element), then Tr, D and P on the host (small copies)
+    double v = 0;
+    if (const std::int64_t i = cuda_k::semicrf_first_non_finite_s(x.dtype, g, &v); i >= 0) {
+      const std::int64_t C = x.d.C, T1 = x.d.T + 1;
+      semicrf::fail_non_finite_s(op, i / (T1 * C), i / C % T1, i % C, v);
+    }
     const Tensor tr = k[1].to(Device::cpu()), dd = k[2].to(Device::cpu()), pp = k[3].to(Device::cpu());
     semicrf::Args h = x;
     h.Tr = tr.raw(), h.D = dd.raw(), h.P = pp.raw();
     semicrf::check_scores(op, h, false);
   }
-  return {x.d.B, x.d.T, x.d.K, x.d.C, x.d.general, x.S, x.Tr, x.D, x.P, k[4].data<std::int64_t>()};
+  return g;
 }
 // Segments checked on the host (the CPU's check_segments and messages).
 void check_segments_gpu(const char* op, const KernelArgs& k) {

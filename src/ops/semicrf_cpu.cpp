@@ -178,10 +178,7 @@ template <class E> void check_scores_t(const char* op, const Args& a, bool s) {
     for (std::int64_t b = 0; b < d.B; ++b)
       for (std::int64_t i = 0; i < (a.L[b] + 1) * d.C; ++i) {
         const E v = S[b * (d.T + 1) * d.C + i];
-        if (!std::isfinite(static_cast<double>(v)))
-          kernel_fail(op, fmt::format("S[{}, {}, {}] = {} is not finite: cumulative scores must be (forbid segments "
-                                      "with -inf in Tr, D or P)",
-                                      b, i / d.C, i % d.C, static_cast<double>(v)));
+        if (!std::isfinite(static_cast<double>(v))) fail_non_finite_s(op, b, i / d.C, i % d.C, static_cast<double>(v));
       }
   }
   auto model = [&](const char* name, const void* p, std::int64_t n, auto index) {
@@ -200,6 +197,11 @@ template <class E> void check_scores_t(const char* op, const Args& a, bool s) {
 }
 }  // namespace
 
+void fail_non_finite_s(const char* op, std::int64_t b, std::int64_t t, std::int64_t c, double v) {
+  kernel_fail(op, fmt::format("S[{}, {}, {}] = {} is not finite: cumulative scores must be (forbid segments with "
+                              "-inf in Tr, D or P)",
+                              b, t, c, v));
+}
 void check_scores(const char* op, const Args& a, bool s) {
   if (a.dtype == DType::f64) check_scores_t<double>(op, a, s);
   else check_scores_t<float>(op, a, s);

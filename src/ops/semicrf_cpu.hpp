@@ -59,8 +59,11 @@ void check_lengths(const char* op, const Args& a);
 // t <= L[b] (cumulative scores are finite: semicrf_cumulative), or a NaN or
 // +inf in Tr, D or P (-inf forbids; +inf made logZ NaN, NaN was taken as -inf
 // in some places and ignored in others). Host pointers; `s` false skips S
-// (on a GPU only Tr, D and P are copied to the host for it).
+// (on a GPU only Tr, D and P are copied to the host; S is checked there by
+// cuda_k::semicrf_first_non_finite_s).
 void check_scores(const char* op, const Args& a, bool s = true);
+// The error check_scores throws for S[b, t, c] = v (also for S found on a GPU).
+[[noreturn]] void fail_non_finite_s(const char* op, std::int64_t b, std::int64_t t, std::int64_t c, double v);
 
 // logZ (B) into out (dtype of S).
 void logz_cpu(const Args& a, void* out, void* ws, int threads);
