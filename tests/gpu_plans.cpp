@@ -4,11 +4,14 @@
 // that way on an H200, 2026-11-26: "invalid argument" at launch.)
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "ad/ad.hpp"
 #include "cuda/semisep_plan.hpp"
+#include "ops/semicrf_gpu.hpp"
 #include "ops/sum_layout.hpp"
 #include "test_util.hpp"
 
@@ -194,4 +197,40 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
   // the persistent kernel (variant 7) holds two buffers: within an H100's or H200's 227 KB per block there
   CHECK(2 * sp::staged_scan(22, 16).smem_bytes <= 227 * 1024);
   CHECK(!sp::staged_scan(22, 12).fits);  // D not a power of two: the two-pass kernels
+}
+
+TEST_CASE("gpu plans: the semi-CRF lanes' regions do not overlap and hold hi + lo f32 rings") {
+  // the CUDA kernels carve these bytes (src/cuda/semicrf.cu); an overlap or a short ring fails only on a GPU
+  namespace sc = ad::semicrf;
+  for (const std::int64_t esize : {std::int64_t{4}, std::int64_t{8}})
+    for (const bool general : {false, true})
+      for (const sc::Pass pass : {sc::Pass::logz, sc::Pass::backward, sc::Pass::marginals, sc::Pass::viterbi})
+        for (const std::array<std::int64_t, 3>& tkc : {std::array<std::int64_t, 3>{400, 60, 5}, {7, 30, 3}, {4000, 257, 24}}) {
+          const std::int64_t T = tkc[0], K = tkc[1], C = tkc[2];
+          sc::Dims d;
+          d.B = 3, d.T = T, d.K = K, d.C = C, d.general = general, d.esize = static_cast<std::size_t>(esize);
+          const sc::gpu::Layout y = sc::gpu::layout(d, pass);
+          const bool fast = !general && pass != sc::Pass::viterbi;
+          const std::int64_t re = fast ? esize : 8, ke = y.ke;
+          const std::int64_t ring = C * (fast && re == 4 ? ke + (ke + 1) / 2 : ke) * re;  // hi + bf16 lo for f32
+          const bool full = pass == sc::Pass::backward || pass == sc::Pass::marginals;
+          std::vector<std::array<std::int64_t, 2>> r{{y.rows, sc::gpu::kRows * C * 8}, {y.abase, 2 * C * 8}};
+          if (!full) r.push_back({y.ck_ring, ring});
+          else {
+            CHECK(y.ck_stride >= ring);
+            r.push_back({y.ck_ring, y.ck_stride * y.slots});
+            if (fast) r.push_back({y.ck_meta, y.meta_stride * y.slots}), r.push_back({y.nu, y.I * 8});
+            r.push_back({y.ival, y.I * C * re});
+            r.push_back({y.bring, ring});
+            r.push_back({y.bbase, 2 * C * 8});
+          }
+          if (pass == sc::Pass::viterbi) r.push_back({y.bk, (T + 1) * C * 4}), r.push_back({y.bc, (T + 1) * C * 4});
+          if (pass == sc::Pass::backward)
+            r.push_back({y.gD, ke * C * 8}), r.push_back({y.gTr, (general ? ke : 1) * C * C * 8}), r.push_back({y.gP, C * 8});
+          std::sort(r.begin(), r.end());
+          INFO("esize " << esize << " general " << general << " pass " << static_cast<int>(pass) << " T " << T << " K " << K);
+          for (std::size_t i = 0; i + 1 < r.size(); ++i) CHECK(r[i][0] + r[i][1] <= r[i + 1][0]);
+          CHECK(r.back()[0] + r.back()[1] <= y.lane_bytes);
+          CHECK(y.total == y.lanes * y.lane_bytes);
+        }
 }

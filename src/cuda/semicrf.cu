@@ -21,7 +21,8 @@
 //    the backward pass walks the intervals last to first, restoring the ring
 //    and recomputing α. Nothing is sized T·K.
 //  - Fast path (Tr (C, C)): ring of Ã = A − S in the input dtype, relative to
-//    an f64 base per label and lap of Ke positions (the CPU's rule); the
+//    an f64 base per label and lap of Ke positions (the CPU's rule; f32 slots
+//    keep their rounding error as a bf16 low part, as the CPU's); the
 //    interval rows relative to their f64 row maximum. Window terms are formed
 //    in f64, exp'd by semicrf::exp_win in the input dtype (as the CPU) and
 //    summed in f64. Per-position logsumexps over labels (A, β) are f64 with
@@ -120,12 +121,29 @@ template <class E> struct Fast {
   __device__ double Trv(i64 cp, i64 c) const { return static_cast<double>(X.Tr[cp * X.C + c]); }
 
   // ---- rings: a lap's values relative to its base (semicrf::lap_base) ----
+  // A ring column per label, as the CPU's (semicrf::detail::ring_column): ke
+  // slots of E, and for f32 each slot's rounding error in bf16 after them
+  // (hi + lo), which the window adds back in f64.
+  __device__ i64 rke() const { return semicrf::detail::ring_column<E>(X.ke); }
+  __device__ double get(const E* col, i64 i) const {
+    double v = static_cast<double>(col[i]);
+    if constexpr (sizeof(E) == 4) v += static_cast<double>(bf16_to_f32(reinterpret_cast<const std::uint16_t*>(col + X.ke)[i]));
+    return v;
+  }
+  // lo is 0 where hi is not finite (stacked f32 masks: hi -inf)
+  __device__ void put(E* col, i64 i, double x) const {
+    const E h = static_cast<E>(x);
+    col[i] = h;
+    if constexpr (sizeof(E) == 4)
+      reinterpret_cast<std::uint16_t*>(col + X.ke)[i] =
+          isfinite(static_cast<double>(h)) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(h))) : std::uint16_t(0);
+  }
   // v into the first slot of a lap (one thread)
-  __device__ static void start_lap(E* slot, double& base, double v) {
+  __device__ void start_lap(E* col, i64 slot, double& base, double v) const {
     double bs = 0;
     semicrf::lap_base(bs, true, v, 0);
     base = bs;
-    *slot = static_cast<E>(semicrf::to_lap(v, bs));
+    put(col, slot, semicrf::to_lap(v, bs));
   }
   // v into slot `slot` of column col, whose lap so far holds slots [from, to);
   // moving the lap's base up moves those slots with it. All 32 lanes of a warp
@@ -135,27 +153,27 @@ template <class E> struct Fast {
     const double sh = semicrf::lap_base(bs, lap_start, v, to - from);
     __syncwarp();
     if (sh != 0)
-      for (i64 i = from + lane; i < to; i += 32) col[i] = static_cast<E>(semicrf::to_lap(static_cast<double>(col[i]), sh));
+      for (i64 i = from + lane; i < to; i += 32) put(col, i, semicrf::to_lap(get(col, i), sh));
     __syncwarp();
     if (lane == 0) {
       base = bs;
-      col[slot] = static_cast<E>(semicrf::to_lap(v, bs));
+      put(col, slot, semicrf::to_lap(v, bs));
     }
     __syncwarp();
   }
 
   // ---- α ring: column c, slot s % ke, value Ã[s,c] − base[lap parity][c] ----
   __device__ double aval(const E* ring, i64 s, i64 c) const {
-    return semicrf::from_lap(static_cast<double>(ring[c * X.ke + s % X.ke]), abase()[((s / X.ke) & 1) * X.C + c]);
+    return semicrf::from_lap(get(ring + c * rke(), s % X.ke), abase()[((s / X.ke) & 1) * X.C + c]);
   }
   // the lap's slots so far: positions lap·ke .. t−1, slots 0 .. t % ke − 1 (one warp per label)
   __device__ void write_aring(E* ring, i64 t, i64 c, double v) const {
     const i64 r = t % X.ke;
-    put_warp(ring + c * X.ke, abase()[((t / X.ke) & 1) * X.C + c], r == 0, 0, r, r, v);
+    put_warp(ring + c * rke(), abase()[((t / X.ke) & 1) * X.C + c], r == 0, 0, r, r, v);
   }
   __device__ void init_aring(E* ring) const {
     for (i64 c = tid; c < X.C; c += kThreads) {
-      start_lap(ring + c * X.ke, abase()[c], static_cast<double>(X.P[c]) - Sv(0, c));
+      start_lap(ring + c * rke(), 0, abase()[c], static_cast<double>(X.P[c]) - Sv(0, c));
       abase()[X.C + c] = 0.0;
     }
   }
@@ -223,7 +241,7 @@ template <class E> struct Fast {
       if (store_ck && t % X.I == 0 && t / X.I < nck) {
         const i64 j = t / X.I;
         E* dst = ck(j - 1);
-        for (i64 i = tid; i < X.C * X.ke; i += kThreads) dst[i] = ring[i];
+        for (i64 i = tid; i < X.C * rke(); i += kThreads) dst[i] = ring[i];
         double* mt = meta(j - 1);
         for (i64 c = tid; c < X.C; c += kThreads) {
           mt[c] = abase()[c];
@@ -243,12 +261,12 @@ template <class E> struct Fast {
 
   // ---- β ring: column c, slot e % ke, value B̃[e,c] − base (B̃ = β + S) ----
   __device__ double bval(i64 e, i64 c) const {
-    return semicrf::from_lap(static_cast<double>(bring()[c * X.ke + e % X.ke]), bbase()[((e / X.ke) & 1) * X.C + c]);
+    return semicrf::from_lap(get(bring() + c * rke(), e % X.ke), bbase()[((e / X.ke) & 1) * X.C + c]);
   }
   // s < L, one warp per label; the lap's slots so far: positions s+1 .. min(L, its last), slots s % ke + 1 ..
   __device__ void write_bring(i64 s, i64 c, double v) const {
     const i64 r = s % X.ke, last = (s / X.ke + 1) * X.ke - 1;
-    put_warp(bring() + c * X.ke, bbase()[((s / X.ke) & 1) * X.C + c], r == X.ke - 1, r + 1,
+    put_warp(bring() + c * rke(), bbase()[((s / X.ke) & 1) * X.C + c], r == X.ke - 1, r + 1,
              (L < last ? L : last) % X.ke + 1, r, v);
   }
   // γ[s,c] = −S[s,c] + lse_k (B̃[s+k,c] + D[k−1,c]), the start marginal, and
@@ -367,7 +385,7 @@ template <class E> struct Fast {
         __syncthreads();
         if (s == L) {
           for (i64 c = tid; c < C; c += kThreads) {
-            start_lap(bring() + c * X.ke + L % X.ke, bbase()[((L / X.ke) & 1) * X.C + c], Sv(L, c));
+            start_lap(bring() + c * rke(), L % X.ke, bbase()[((L / X.ke) & 1) * X.C + c], Sv(L, c));
             const double en = row[c] != kNegInf ? std::exp(row[c] - logz) : 0.0;
             if (dS) dS[L * C + c] = static_cast<E>(g * en);
             run()[c] = en;

@@ -46,20 +46,22 @@ inline Layout layout(const Dims& d, Pass pass) {
   const std::int64_t C = d.C, ke = y.ke;
   const bool fast = !d.general && pass != Pass::viterbi;
   const std::int64_t re = fast ? static_cast<std::int64_t>(d.esize) : 8;
+  // a ring column in elements: the fast path's f32 rings keep hi + lo, as the CPU's (ring_column)
+  const std::int64_t rke = fast && re == 4 ? detail::ring_column<float>(ke) : ke;
   std::int64_t cur = 0;
   auto take = [&cur](std::int64_t bytes) { std::int64_t o = cur; cur += align256(bytes); return o; };
-  y.ck_stride = align256(C * ke * re);
+  y.ck_stride = align256(C * rke * re);
   y.meta_stride = align256(3 * C * 8);
   y.rows = take(kRows * C * 8);
   y.abase = take(2 * C * 8);
   if (pass == Pass::logz || pass == Pass::viterbi) {
-    y.ck_ring = take(C * ke * re);
+    y.ck_ring = take(C * rke * re);
   } else {
     y.ck_ring = take(y.ck_stride * y.slots);
     if (fast) y.ck_meta = take(y.meta_stride * y.slots);
     y.ival = take(y.I * C * re);
     if (fast) y.nu = take(y.I * 8);
-    y.bring = take(C * ke * re);
+    y.bring = take(C * rke * re);
     y.bbase = take(2 * C * 8);
   }
   if (pass == Pass::viterbi) {
