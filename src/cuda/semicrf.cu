@@ -141,7 +141,7 @@ template <class E> struct Fast {
   // v into the first slot of a lap (one thread)
   __device__ void start_lap(E* col, i64 slot, double& base, double v) const {
     double bs = 0;
-    semicrf::lap_base(bs, true, v, 0);
+    semicrf::lap_base(bs, true, v, 0, true);
     base = bs;
     put(col, slot, semicrf::to_lap(v, bs));
   }
@@ -150,7 +150,9 @@ template <class E> struct Fast {
   // call it with the same arguments.
   __device__ void put_warp(E* col, double& base, bool lap_start, i64 from, i64 to, i64 slot, double v) const {
     double bs = base;
-    const double sh = semicrf::lap_base(bs, lap_start, v, to - from);
+    // cheap: a move of the lap's to − from slots costs less than this position's window (min(Ke, t) or
+    // min(Ke, L − s) terms, never skipped on the GPU), so the base may always follow at kRebaseAbove
+    const double sh = semicrf::lap_base(bs, lap_start, v, to - from, true);
     __syncwarp();
     if (sh != 0)
       for (i64 i = from + lane; i < to; i += 32) put(col, i, semicrf::to_lap(get(col, i), sh));

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 #include "core/graph_impl.hpp"
 #include "ops/semicrf_math.hpp"
@@ -129,7 +130,8 @@ Layout detail::make_layout(const Dims& d, Pass pass, int threads) {
     y.bc = take(ln, (d.T + 1) * C * 4);
   } else {
     y.ck_ring_stride = detail::align64(C * rke * re);
-    y.ck_meta_stride = detail::align64(3 * C * 8 + 2 * C * y.nblk * re);
+    // α bases [2][C] and row [C] (f64), ring block maxima [2][C][nblk] (E), the lap's moves [C] (u32)
+    y.ck_meta_stride = detail::align64(3 * C * 8 + 2 * C * y.nblk * re + 4 * C);
     y.ck_ring = take(ln, y.ck_ring_stride * y.slots);
     y.ck_meta = take(ln, y.ck_meta_stride * y.slots);
     y.ival = take(ln, y.I * C * re);
@@ -330,6 +332,12 @@ template <class E> struct FastSeq {
   template <class U> U* at(std::int64_t off) const { return reinterpret_cast<U*>(lane + off); }
   E* ck_ring(std::int64_t j) const { return at<E>(Y.ck_ring + j * Y.ck_ring_stride); }
   double* ck_meta(std::int64_t j) const { return at<double>(Y.ck_meta + j * Y.ck_meta_stride); }
+  // a checkpoint's copy of amoves (after its bases, row and block maxima)
+  template <class M> auto moves_in(M* meta) const {
+    using U = std::conditional_t<std::is_const_v<M>, const std::uint32_t, std::uint32_t>;
+    using B = std::conditional_t<std::is_const_v<M>, const char, char>;
+    return reinterpret_cast<U*>(reinterpret_cast<B*>(meta) + 3 * X.C * 8 + 2 * X.C * Y.nblk * static_cast<std::int64_t>(sizeof(E)));
+  }
   double* scr() const { return at<double>(Y.scr); }
   double* al(std::int64_t t) const { return scr() + (t & 1) * X.C; }        // α rows, by parity
   double* gam(std::int64_t s) const { return scr() + (2 + (s & 1)) * X.C; }  // γ rows, by parity
@@ -340,6 +348,13 @@ template <class E> struct FastSeq {
   double* A() const { return ea() + 5 * X.C; }     // A[s,c]
   double* sumA() const { return ea() + 6 * X.C; }  // linear-domain sums
   double* abase() const { return scr() + 8 * X.C; }                           // α ring bases [2][C]
+  // slots moved so far in the current lap by lap_base, per label (α, β): the budget of cheap moves
+  double* amoves() const { return scr() + 4 * X.C; }
+  double* bmoves() const { return scr() + 5 * X.C; }
+  // lap_base's moves are cheap while a lap has moved at most kMoveBudget·Ke slots (its windows read Ke
+  // terms or more per position, far more where they are not skipped); past that the bound grows with n
+  bool cheap(double moved, std::int64_t n) const { return moved + static_cast<double>(n) <= kMoveBudget * static_cast<double>(X.ke); }
+  static constexpr double kMoveBudget = 8.0;
   double* ea() const { return at<double>(Y.tscr + tid * Y.tstride); }  // per thread
   double* eg() const { return ea() + X.C; }
   double* arow() const { return ea() + 2 * X.C; }
@@ -412,8 +427,13 @@ template <class E> struct FastSeq {
     double& bs = base[(lap & 1) * X.C + c];
     E* col = ring + c * rke();
     // this lap's slots so far: positions lap·ke .. t−1, slots aslot(t)+1 .. ke−1
-    if (double sh = lap_base(bs, t % X.ke == 0, at_, t % X.ke); sh != 0)
+    const std::int64_t n = t % X.ke;
+    double& mv = amoves()[c];
+    if (n == 0) mv = 0;
+    if (double sh = lap_base(bs, n == 0, at_, n, cheap(mv, n)); sh != 0) {
       shift_lap(col, aslot(t) + 1, X.ke, sh, rbm_a(lap, c));
+      mv += static_cast<double>(n);
+    }
     E v = put(col, aslot(t), to_lap(at_, bs));
     block_max(rbm_a(lap, c), aslot(t), v, false);
   }
@@ -421,7 +441,8 @@ template <class E> struct FastSeq {
     double* base = abase();
     for (std::int64_t c = lo; c < hi; ++c) {
       double a0 = static_cast<double>(X.P[c]) - Sv(0, c);
-      lap_base(base[c], true, a0, 0);
+      lap_base(base[c], true, a0, 0, true);
+      amoves()[c] = 0;
       base[X.C + c] = 0.0;
       E v = put(ring + c * rke(), aslot(0), to_lap(a0, base[c]));
       block_max(rbm_a(0, c), aslot(0), v, true);
@@ -513,6 +534,7 @@ template <class E> struct FastSeq {
           E* mb = reinterpret_cast<E*>(meta + 3 * X.C);
           std::memcpy(mb + c * Y.nblk, rbm_a(0, c), static_cast<std::size_t>(Y.nblk) * sizeof(E));
           std::memcpy(mb + (X.C + c) * Y.nblk, rbm_a(1, c), static_cast<std::size_t>(Y.nblk) * sizeof(E));
+          moves_in(meta)[c] = static_cast<std::uint32_t>(std::min(amoves()[c], 4294967295.0));
         }
       }
       if (ival_from >= 0 && t >= ival_from) store_ival(t - ival_from, row);
@@ -533,8 +555,13 @@ template <class E> struct FastSeq {
     E* col = bring() + c * rke();
     // this lap's slots so far: positions s+1 .. min(L, its last), slots s % ke + 1 ..
     const std::int64_t from = s % X.ke + 1, to = std::min(L, (s / X.ke + 1) * X.ke - 1) % X.ke + 1;
-    if (double sh = lap_base(bs, s == L || s % X.ke == X.ke - 1, v, to - from); sh != 0)
+    const bool start = s == L || s % X.ke == X.ke - 1;
+    double& mv = bmoves()[c];
+    if (start) mv = 0;
+    if (double sh = lap_base(bs, start, v, to - from, cheap(mv, to - from)); sh != 0) {
       shift_lap(col, from, to, sh, rbm_b(s / X.ke, c));
+      mv += static_cast<double>(to - from);
+    }
     E x = put(col, s % X.ke, to_lap(v, bs));
     block_max(rbm_b(s / X.ke, c), s % X.ke, x, s == L);
   }
@@ -612,6 +639,7 @@ template <class E> struct FastSeq {
             abase()[C + c] = meta[C + c];
             std::memcpy(rbm_a(0, c), mb + c * Y.nblk, static_cast<std::size_t>(Y.nblk) * sizeof(E));
             std::memcpy(rbm_a(1, c), mb + (C + c) * Y.nblk, static_cast<std::size_t>(Y.nblk) * sizeof(E));
+            amoves()[c] = static_cast<double>(moves_in(meta)[c]);
           }
           for (std::int64_t c = 0; c < C; ++c) r0[c] = meta[2 * C + c];
           store_ival(0, r0);

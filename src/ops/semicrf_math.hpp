@@ -108,18 +108,20 @@ AD_HD std::int64_t checkpoint_count(std::int64_t L, std::int64_t I) { return (L 
 // label and lap of Ke positions, so they hold local differences, not values
 // growing like logZ). The base is the lap's first finite value (NaN until
 // there is one: the values before it are -inf), and moves up to a later value
-// more than max(kRebaseAbove, kRebasePerSlot n) above it, where n is the
-// number of the lap's values already stored. Without the move a lap starting
-// at a huge finite "mask" (-1e9 in D or P: α is near -1e9 there) stored the
-// next values as +1e9 relative to it, and an f32 slot kept none of their
-// digits (marginals outside [0, 1]). Moving costs O(n) (the stored values
-// shift); the bound growing with n keeps that to O(rise / kRebasePerSlot) per
-// lap where values rise steadily (a move at every position made such rings
-// 60 times slower), and a stored value within kRebasePerSlot·Ke of its base.
+// more than kRebaseAbove above it while the lap's moves are cheap (`cheap`:
+// the caller's budget), else more than max(kRebaseAbove, kRebasePerSlot n)
+// above it, where n is the number of the lap's values already stored.
+// Without the move a lap starting at a huge finite "mask" (-1e9 in D or P: α
+// is near -1e9 there) stored the next values as +1e9 relative to it, and an
+// f32 slot kept none of their digits (marginals outside [0, 1]); with it the
+// stored values stay small, which also makes the f32 rings more accurate.
+// Moving costs O(n) (the stored values shift); past the budget the bound
+// growing with n keeps that to O(rise / kRebasePerSlot) per lap where values
+// rise steadily (a move at every position made such rings 60 times slower).
 // Returns the shift the stored values must take (they become value − shift),
 // 0 for none.
 inline constexpr double kRebaseAbove = 1024.0, kRebasePerSlot = 64.0;
-AD_HD double lap_base(double& bs, bool lap_start, double x, std::int64_t n) {
+AD_HD double lap_base(double& bs, bool lap_start, double x, std::int64_t n, bool cheap) {
   const bool fin = x - x == 0.0;  // finite
   if (lap_start) {
     bs = fin ? x : std::numeric_limits<double>::quiet_NaN();
@@ -130,7 +132,7 @@ AD_HD double lap_base(double& bs, bool lap_start, double x, std::int64_t n) {
     bs = x;
     return 0.0;
   }
-  const double above = kRebasePerSlot * static_cast<double>(n);
+  const double above = cheap ? 0.0 : kRebasePerSlot * static_cast<double>(n);
   if (!(x - bs > (above > kRebaseAbove ? above : kRebaseAbove))) return 0.0;
   const double shift = x - bs;
   bs = x;
