@@ -125,19 +125,8 @@ template <class E> struct Fast {
   // slots of E, and for f32 each slot's rounding error in bf16 after them
   // (hi + lo), which the window adds back in f64.
   __device__ i64 rke() const { return semicrf::detail::ring_column<E>(X.ke); }
-  __device__ double get(const E* col, i64 i) const {
-    double v = static_cast<double>(col[i]);
-    if constexpr (sizeof(E) == 4) v += static_cast<double>(bf16_to_f32(reinterpret_cast<const std::uint16_t*>(col + X.ke)[i]));
-    return v;
-  }
-  // lo is 0 where hi is not finite (stacked f32 masks: hi -inf)
-  __device__ void put(E* col, i64 i, double x) const {
-    const E h = static_cast<E>(x);
-    col[i] = h;
-    if constexpr (sizeof(E) == 4)
-      reinterpret_cast<std::uint16_t*>(col + X.ke)[i] =
-          isfinite(static_cast<double>(h)) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(h))) : std::uint16_t(0);
-  }
+  __device__ double get(const E* col, i64 i) const { return semicrf::ring_get(col, X.ke, i); }
+  __device__ void put(E* col, i64 i, double x) const { semicrf::ring_put(col, X.ke, i, x); }
   // v into the first slot of a lap (one thread)
   __device__ void start_lap(E* col, i64 slot, double& base, double v) const {
     double bs = 0;

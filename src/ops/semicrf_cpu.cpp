@@ -213,7 +213,6 @@ void check_scores(const char* op, const Args& a, bool s) {
 namespace {
 
 template <class E> E ninf() { return -std::numeric_limits<E>::infinity(); }
-bool finite(double x) { return std::isfinite(x); }
 
 // One contiguous run of a window: ring slots [slot0, slot0 + n) of one lap
 // (values stored relative to `base`) against D indices [k0, k0 + n).
@@ -386,27 +385,14 @@ template <class E> struct FastSeq {
     if constexpr (sizeof(E) == 4) return reinterpret_cast<const std::uint16_t*>(col + X.ke);
     return nullptr;
   }
-  // x (a difference from the lap's base, in f64) into slot i of column col:
-  // hi = x rounded, and for f32 lo = the rest, in bf16 (0 where hi is not
-  // finite: below -FLT_MAX, as two stacked f32 masks make, hi is -inf)
-  E put(E* col, std::int64_t i, double x) const {
-    const E v = static_cast<E>(x);
-    col[i] = v;
-    if constexpr (sizeof(E) == 4)
-      reinterpret_cast<std::uint16_t*>(col + X.ke)[i] =
-          finite(static_cast<double>(v)) ? f32_to_bf16(static_cast<float>(x - static_cast<double>(v))) : std::uint16_t(0);
-    return v;
-  }
+  // x (a difference from the lap's base, in f64) into slot i of column col (hi + lo: ring_put)
+  E put(E* col, std::int64_t i, double x) const { return ring_put(col, X.ke, i, x); }
 
   // ---- α ----
   // ring slot of position s: reversed, so the window t-1, t-2, ... runs upward
   std::int64_t aslot(std::int64_t s) const { return X.ke - 1 - s % X.ke; }
   // The value of slot i (hi + lo), relative to its lap's base.
-  double get(const E* col, std::int64_t i) const {
-    double v = static_cast<double>(col[i]);
-    if constexpr (sizeof(E) == 4) v += static_cast<double>(bf16_to_f32(low(col)[i]));
-    return v;
-  }
+  double get(const E* col, std::int64_t i) const { return ring_get(col, X.ke, i); }
   // A lap's base moved up by `shift` (lap_base): the lap's stored slots
   // [from, to) of column col take value - shift, and their block maxima
   // (rbm, by slot block; no slot of the lap lies outside [from, to)) are

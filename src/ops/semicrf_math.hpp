@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ad/dtype.hpp"
 #include "ad/hd.hpp"
 #include "core/math.hpp"
 
@@ -138,6 +139,27 @@ AD_HD double lap_base(double& bs, bool lap_start, double x, std::int64_t n, bool
   bs = x;
   return shift;
 }
+// Slot i of a ring column of ke slots (the CPU's and the GPU's): its value
+// rounded to E (hi), and for f32 the rounding error in bf16 (lo) after the ke
+// hi parts (ring_column in semicrf_cpu.hpp). lo is 0 where hi is not finite
+// (below -FLT_MAX, as two stacked f32 masks make, hi is -inf). ring_put
+// returns hi; ring_get gives hi + lo in f64.
+template <class E> AD_HD E ring_put(E* col, std::int64_t ke, std::int64_t i, double x) {
+  const E h = static_cast<E>(x);
+  col[i] = h;
+  if constexpr (sizeof(E) == 4) {
+    const double hd = static_cast<double>(h);
+    reinterpret_cast<std::uint16_t*>(col + ke)[i] =
+        hd - hd == 0.0 ? f32_to_bf16(static_cast<float>(x - hd)) : std::uint16_t(0);
+  }
+  return h;
+}
+template <class E> AD_HD double ring_get(const E* col, std::int64_t ke, std::int64_t i) {
+  double v = static_cast<double>(col[i]);
+  if constexpr (sizeof(E) == 4) v += static_cast<double>(bf16_to_f32(reinterpret_cast<const std::uint16_t*>(col + ke)[i]));
+  return v;
+}
+
 // A ring value relative to its lap's base, and back (-inf stays -inf, also
 // against a NaN base).
 AD_HD double to_lap(double x, double bs) { return x - x == 0.0 ? x - bs : x; }
