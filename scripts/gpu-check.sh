@@ -14,7 +14,9 @@
 #       build dependencies
 #
 # AD_GPU_BENCHES names the benchmarks to run (default: all four);
-# AD_GPU_SEMICRF_ARGS adds arguments to bench_semicrf (say --only 40000,3000,24).
+# AD_GPU_SEMICRF_ARGS adds arguments to bench_semicrf (say --only 40000,3000,24);
+# AD_GPU_MEMCHECK_TC is the doctest filter of the cases memcheck runs (default
+# "cuda*", all of them; a comma separates filters).
 # Each step runs under a time limit (env AD_GPU_STEP_S, default 90 s; each
 # test case AD_GPU_TEST_S, default 60 s, and no case starts after
 # AD_GPU_TESTS_S, default 300 s, of them) so that one slow step cannot eat the
@@ -102,7 +104,7 @@ san=$(command -v compute-sanitizer || true)
 [ -z "$san" ] && nvcc_path=$(command -v nvcc || true) && [ -n "$nvcc_path" ] && [ -x "$(dirname "$nvcc_path")/compute-sanitizer" ] &&
   san="$(dirname "$nvcc_path")/compute-sanitizer"
 if [ -n "$san" ]; then
-  timeout "$step_s" "$san" --tool memcheck --error-exitcode 1 "$tests" -tc="cuda*" >"$logdir/memcheck.log" 2>&1
+  timeout "$step_s" "$san" --tool memcheck --error-exitcode 1 "$tests" -tc="${AD_GPU_MEMCHECK_TC:-cuda*}" >"$logdir/memcheck.log" 2>&1
   rc=$?
   errs=$(grep -oE "ERROR SUMMARY: [0-9]+" "$logdir/memcheck.log" | grep -oE "[0-9]+$" | tail -1)
   # memcheck also counts CUDA API calls that returned an error; NCCL's start-up probes kernels with
@@ -119,7 +121,7 @@ if [ -n "$san" ]; then
 else
   res="compute-sanitizer not found"
 fi
-echo "| compute-sanitizer memcheck (all cuda test cases) | $res | |" >>"$sum"
+echo "| compute-sanitizer memcheck (${AD_GPU_MEMCHECK_TC:-all cuda test cases}) | $res | |" >>"$sum"
 echo
 echo "| test | result | s |"
 echo "|---|---|---|"

@@ -453,7 +453,7 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
   // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
   // default, the first tiled, the warp-level, the staged ones, those with bulk copies, the causal product in
   // clusters of 8 and 4 chunks): all run
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];

@@ -166,13 +166,28 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
       CHECK((c.Lg * r) % 4 == 0);  // a chunk's rows of u and v start 16-byte aligned
       CHECK(c.smem_bytes >= (c.oE + 2 * r * D) * 4);
       CHECK(r * D <= 1024);  // four elements of the chunk's sum per thread
-      CHECK(c.smem_bytes % 16 == 0);  // the persistent kernel's second buffer starts 16-byte aligned
       const std::int64_t N = std::int64_t{1} << 22;
       const std::int64_t nc = (N + c.Lg - 1) / c.Lg;  // x of nc whole chunks is 4 nc Lg D bytes
       const std::int64_t flags = (nc + 1) * 4 + 15;
       CHECK(sp::staged_scan_flag_bytes(1, N, D, r) % 16 == 0);
       CHECK(sp::staged_scan_flag_bytes(1, N, D, r) >= (nc + 1) * 4);
-      CHECK(sp::staged_scan_ws_bytes(1, N, D, r) == sp::staged_scan_flag_bytes(1, N, D, r) + nc * r * D * 12);
+      CHECK(sp::staged_scan_ws_bytes(1, N, D, r) >= sp::staged_scan_flag_bytes(1, N, D, r) + nc * r * D * 12);
+      // the rounds kernel (variants 7 to 10): its layout in order, 16-byte aligned, within the workspace for
+      // rounds of kMinRoundChunks chunks or longer, with a counter and three flags per round before agg
+      for (std::int64_t B : {1, 3})
+        for (std::int64_t Nk : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{131149}, N + 1})
+          for (std::int64_t Rc : {sp::kMinRoundChunks, std::int64_t{32}, std::int64_t{64}}) {
+            const sp::RoundsLayout L = sp::staged_rounds_layout(B, Nk, D, r, Rc);
+            const std::int64_t nck = (Nk + c.Lg - 1) / c.Lg;
+            CHECK(L.rounds == (nck + Rc - 1) / Rc);
+            CHECK(L.agg >= (1 + 3 * B * L.rounds) * 4);
+            CHECK((L.agg % 16 == 0 && L.E % 16 == 0 && L.rag % 16 == 0 && L.rin % 16 == 0));
+            CHECK(L.E - L.agg == B * nck * r * D * 4);
+            CHECK(L.rag - L.E == B * nck * r * D * 8);
+            CHECK(L.rin - L.rag == B * L.rounds * r * D * 4);
+            CHECK(L.bytes - L.rin == B * L.rounds * r * D * 8);
+            CHECK(L.bytes <= sp::staged_scan_ws_bytes(B, Nk, D, r));
+          }
       CHECK(sp::staged_scan_ws_bytes(1, N, D, r) <= nc * c.Lg * D + flags);  // at most a quarter of x
       CHECK((nc * r * D * 4) % 16 == 0);  // the f64 prefixes after the f32 sums stay 16-byte aligned
       // the clustered kernel's layout: the cluster's prefix after E; its units (clusters of 4 or 8 chunks,
@@ -194,8 +209,6 @@ TEST_CASE("gpu plans: the staged semiseparable kernels fit and keep their copies
   CHECK(scan_fits > 60);
   CHECK(sp::staged_scan(22, 16).fits);  // the issue's size
   CHECK(sp::staged_scan(22, 16, true).fits);
-  // the persistent kernel (variant 7) holds two buffers: within an H100's or H200's 227 KB per block there
-  CHECK(2 * sp::staged_scan(22, 16).smem_bytes <= 227 * 1024);
   CHECK(!sp::staged_scan(22, 12).fits);  // D not a power of two: the two-pass kernels
 }
 

@@ -160,8 +160,8 @@ struct SemisepDims {
 // semisep::set_gpu_matvec_variant): 1 the first tiled ones only, 2 the
 // warp-level ones where they apply, 3 the staged ones (f32) where they apply,
 // 4 and 0 the staged ones with bulk copies, 5 and 6 as 4 with the causal
-// product in clusters of 8 and 4 chunks, 7 as 4 with the causal product by
-// persistent double-buffered blocks (semiseparable.cu); upto (the tiled kernels only):
+// product in clusters of 8 and 4 chunks, 7 to 10 as 4 with the causal
+// product in rounds (semiseparable.cu); upto (the tiled kernels only):
 // 1 stops after the chunk sums, 2 after combining them, 3 runs all (the
 // benchmark times the stages by difference; y is not formed before 3; the
 // one-pass causal kernel runs only at 3).
@@ -228,7 +228,7 @@ void resolvent_diag_complex_backward(DType t, std::int64_t N, std::int64_t K, co
 
 namespace ad::cuda_k {
 
-// ---- semi-Markov CRF (src/cuda/semicrf.cu; compiled, not yet run on a GPU) ----
+// ---- semi-Markov CRF (src/cuda/semicrf.cu) ----
 // The model and shapes: include/ad/semicrf.hpp. Device pointers in the dtype
 // t (f32 or f64), L i64 (B) already checked (1 <= L[b] <= T). ws: the op's
 // workspace, ops/semicrf_gpu.hpp's layout for the pass.

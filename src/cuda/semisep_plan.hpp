@@ -179,11 +179,42 @@ inline std::int64_t staged_scan_flag_bytes(std::int64_t B, std::int64_t N, std::
   const std::int64_t nc = (N + p.Lg - 1) / p.Lg;
   return (B * nc + 1 + 3) / 4 * 16;
 }
+// The rounds kernel (semiseparable.cu, variants 7 to 10) takes the one-pass
+// kernel's chunks in rounds of Rc consecutive chunks of a batch. Its
+// workspace, in bytes from the start: a ticket counter and three flags per
+// round (its chunks' sums all written; its chunks' prefixes written; the
+// look-back's flag over rounds: 1 its sum, 2 its inclusive prefix), rounded
+// up to 16 bytes; each chunk's sum (r x D floats, at agg) and exclusive
+// prefix (r x D doubles, at E); each round's sum (r x D floats, at rag) and
+// inclusive prefix (r x D doubles, at rin).
+struct RoundsLayout {
+  std::int64_t rounds = 0;  // rounds per batch
+  std::int64_t agg = 0, E = 0, rag = 0, rin = 0, bytes = 0;
+};
+constexpr std::int64_t kMinRoundChunks = 16;  // the workspace below holds rounds this short or longer
+inline RoundsLayout staged_rounds_layout(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r,
+                                         std::int64_t Rc) {
+  RoundsLayout L;
+  const StagedScan p = staged_scan(r, D);
+  if (!p.fits || Rc < 1) return L;
+  const std::int64_t nc = (N + p.Lg - 1) / p.Lg, rD = r * D;
+  L.rounds = (nc + Rc - 1) / Rc;
+  L.agg = (1 + 3 * B * L.rounds + 3) / 4 * 16;
+  L.E = L.agg + B * nc * rD * 4;  // rD is a multiple of 8 (D even): 16-byte aligned
+  L.rag = L.E + B * nc * rD * 8;
+  L.rin = L.rag + B * L.rounds * rD * 4;
+  L.bytes = L.rin + B * L.rounds * rD * 8;
+  return L;
+}
+// the larger of the one-pass kernel's workspace and the rounds kernel's with
+// rounds of kMinRoundChunks chunks (longer rounds take less)
 inline std::int64_t staged_scan_ws_bytes(std::int64_t B, std::int64_t N, std::int64_t D, std::int64_t r) {
   const StagedScan p = staged_scan(r, D);
   if (!p.fits) return 0;
   const std::int64_t nc = (N + p.Lg - 1) / p.Lg;
-  return staged_scan_flag_bytes(B, N, D, r) + B * nc * r * D * (4 + 8);
+  const std::int64_t one_pass = staged_scan_flag_bytes(B, N, D, r) + B * nc * r * D * (4 + 8);
+  const std::int64_t rounds = staged_rounds_layout(B, N, D, r, kMinRoundChunks).bytes;
+  return one_pass > rounds ? one_pass : rounds;
 }
 
 }  // namespace ad::cuda_k::semisep_plan

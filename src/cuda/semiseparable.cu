@@ -14,7 +14,7 @@
 // With sum_b, the thread walks every batch in order and O has no batch stride
 // (the parameter gradients du, dv: sums over b without atomics).
 //
-// The Woodbury solve (semiseparable_solve, compiled, not run on a GPU) composes
+// The Woodbury solve (semiseparable_solve; tests/cuda.cpp against the CPU) composes
 // the Thomas launchers, cuBLAS, the sweep and a one-thread LU of the r x r
 // capacitance matrix with the CPU's own code (semisep::lu_factor / lu_solve).
 #include <cooperative_groups.h>
@@ -816,17 +816,21 @@ void causal_scan2_kb(const SemisepDims& dm, const T* x, const T* d, const T* lo,
 // piece where both ends are 16-byte aligned, ST tiles in flight per block,
 // and read only shared memory in the arithmetic (plans in semisep_plan.hpp).
 
-// cnt elements g[0, cnt) -> s[0, cnt), spread over the block's threads (the
-// caller commits the group)
-__device__ inline void stage_span(float* s, const float* g, int cnt) {
+// cnt elements g[0, cnt) -> s[0, cnt), spread over the block's threads, by
+// cp(s + q, g + q, bytes) of 16 bytes where both ends are 16-byte aligned, else
+// of 4 (the caller commits the group)
+template <class Cp> __device__ inline void stage_span_by(float* s, const float* g, int cnt, Cp cp) {
   const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
   int q0 = 0;
   if (((reinterpret_cast<std::uintptr_t>(s) | reinterpret_cast<std::uintptr_t>(g)) & 15) == 0) {
     const int nv = cnt / 4;
-    for (int q = t; q < nv; q += nt) __pipeline_memcpy_async(s + 4 * q, g + 4 * q, 16);
+    for (int q = t; q < nv; q += nt) cp(s + 4 * q, g + 4 * q, 16);
     q0 = 4 * nv;
   }
-  for (int q = q0 + t; q < cnt; q += nt) __pipeline_memcpy_async(s + q, g + q, 4);
+  for (int q = q0 + t; q < cnt; q += nt) cp(s + q, g + q, 4);
+}
+__device__ inline void stage_span(float* s, const float* g, int cnt) {
+  stage_span_by(s, g, cnt, [](float* d, const float* src, int bytes) { __pipeline_memcpy_async(d, src, bytes); });
 }
 
 // Bulk copies (sm_90): one thread moves a whole span, 16-byte aligned at both
@@ -1569,93 +1573,229 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
   });
 }
 
-// ---- the causal product in one pass, persistent and double-buffered (variant 7) ----
-// In the one-pass kernel a block copies its chunk, then computes: its own
-// copy never overlaps its arithmetic, only the other block's on the
-// multiprocessor does (two per multiprocessor, 110 KB each), and with the
-// look-back removed it still reached only 0.57 of the copy rate (H200). Here
-// one block per multiprocessor keeps two chunk buffers: it claims the next
-// chunk and starts its copy before phase 1 of the current one, so the copy
-// runs under the current chunk's phases and look-back. Chunks are claimed in
-// counter order as before; a block holds at most its current chunk and the
-// next, higher one, so the lowest unfinished chunk is always some block's
-// current one and the look-back cannot deadlock. Workspace, phases and
-// look-back are the one-pass kernel's.
-template <int KB, bool kExact>
-__global__ void __launch_bounds__(256, 1) causal_persist_kernel(const float* x, const float* d, const float* lo,
-                                                                const float* u, const float* v, float* y, int* flags,
-                                                                int* counter, float* agg, double* inc, i64 N, i64 D,
-                                                                i64 r, i64 nc, i64 total, semisep_plan::StagedScan p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ long long s_id[2];
-  __shared__ int s_n, s_use;
-  const int t = static_cast<int>(threadIdx.x);
-  const int rD = static_cast<int>(r * D), Di = static_cast<int>(D), ri = static_cast<int>(r), nP = rD / 2;
-  const i64 buf = p.smem_bytes / 4;  // floats per buffer (a multiple of 4: the plan's offsets are)
-  constexpr int kPr = 2;             // element pairs of r x D per thread (r D <= 1024)
-  auto copy = [&](float* sm, i64 id) {
-    const i64 b = id / nc, i0 = (id % nc) * p.Lg;
-    scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg));
-  };
-  if (t == 0) s_id[0] = atomicAdd(counter, 1);
-  __syncthreads();
-  i64 id = s_id[0];
-  if (id >= total) return;
-  copy(reinterpret_cast<float*>(smem_raw), id);
-  for (int cur = 0;; cur ^= 1) {
-    float* const sm = reinterpret_cast<float*>(smem_raw) + cur * buf;
-    if (t == 0) s_id[cur ^ 1] = atomicAdd(counter, 1);
-    __syncthreads();  // the claim is in, and every thread is done with the other buffer (the last chunk's phase 2)
-    const i64 next = s_id[cur ^ 1];
-    if (next < total) {
-      copy(reinterpret_cast<float*>(smem_raw) + (cur ^ 1) * buf, next);
-    } else {  // the two groups the waits below count, empty
-      __pipeline_commit();
-      __pipeline_commit();
-    }
-    const i64 b = id / nc, c = id % nc, i0 = c * p.Lg;
-    const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
-    double* const E = reinterpret_cast<double*>(sm + p.oE);
-    float P[2][KB];
-    double2 a[kPr], ex[kPr] = {double2{0, 0}, double2{0, 0}};
-    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a, 2);
-    scan3_unit_prefix<KB>(flags, agg, inc, id, c, nP, a, ex, s_n, s_use);
-#pragma unroll
-    for (int q = 0; q < kPr; ++q)
-      if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
-    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di, 2);
-    if (next >= total) break;
-    id = next;
+// ---- the causal product in rounds, x and v kept in L2 (variants 7 to 10) ----
+// The one-pass kernel waits in its look-back: a chunk needs the prefix of the
+// chunks before it while they are still running, and the later the look-back
+// runs, the more chunks it finds without one (docs/benchmarks.md). Here each
+// chunk is two tasks, taken from one ticket counter: A (copy x and v, phase 1,
+// write the chunk's sum) and, many tickets later, B (copy x, v, u, d and lo,
+// phase 1 again, phase 2 from the chunk's exclusive prefix). Chunks form
+// rounds of Rc consecutive chunks of a batch; the block that finishes a
+// round's last A adds the round's sums (f64), finds the round's exclusive
+// prefix by the one-pass kernel's look-back, over rounds (scan3_unit_prefix),
+// and writes each chunk's exclusive prefix. By the time a B task starts, its
+// round's prefixes are normally written, and the x and v it copies are still
+// in L2 from its A (copied with an evict-last hint, then evict-first by B; u,
+// d and lo evict-first): about the one-pass kernel's bytes from memory, phase 1
+// twice. Tickets: the first M = lag Rc are A tasks in chunk order, then B and
+// A alternate (B of chunk j, A of chunk M + j), then the remaining B. Every A
+// of a B's round has a lower ticket (M >= Rc), and a round's look-back waits
+// only for rounds before it: every wait is on a task already running or done.
+__device__ inline std::uint64_t l2_policy(int kind) {  // 0: evict-first, 1: evict-last, 2: normal
+  std::uint64_t pol;
+  if (kind == 0) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else if (kind == 1) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+// stage_span with an L2 eviction policy on every copy
+__device__ inline void stage_span_hint(float* s, const float* g, int cnt, std::uint64_t pol) {
+  stage_span_by(s, g, cnt, [pol](float* d, const float* src, int bytes) {
+    const auto sd = static_cast<std::uint32_t>(__cvta_generic_to_shared(d));
+    if (bytes == 16)
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(sd), "l"(src), "l"(pol)
+                   : "memory");
+    else
+      asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(sd), "l"(src), "l"(pol)
+                   : "memory");
+  });
+}
+// scan3_copy's two groups with L2 policies: x and v (px), the rest (pr); an A
+// task (all = false) copies x and v only (its second group empty)
+__device__ inline void rounds_copy(const semisep_plan::StagedScan& p, float* sm, const float* x, const float* d,
+                                   const float* lo, const float* u, const float* v, i64 b, i64 N, i64 D, i64 r, i64 i0,
+                                   int n, bool all, std::uint64_t px, std::uint64_t pr) {
+  const int t = static_cast<int>(threadIdx.x), Di = static_cast<int>(D), ri = static_cast<int>(r);
+  if (i0 > 0) {
+    stage_span_hint(sm + p.ox, x + (b * N + i0 - 1) * D, static_cast<int>((n + 1) * D), px);
+    if (all) stage_span_hint(sm + p.olo, lo + i0 - 1, n, pr);
+  } else {
+    for (int q = t; q < Di; q += 256) sm[p.ox + q] = 0.f;
+    if (all && t == 0) sm[p.olo] = 0.f;
+    stage_span_hint(sm + p.ox + Di, x + b * N * D, n * Di, px);
+    if (all) stage_span_hint(sm + p.olo + 1, lo, n - 1, pr);
   }
-  __pipeline_wait_prior(0);  // the empty groups
+  stage_span_hint(sm + p.ov, v + i0 * r, n * ri, px);
+  if (all) stage_span_hint(sm + p.od, d + i0, n, pr);
+  __pipeline_commit();
+  if (all) stage_span_hint(sm + p.ou, u + i0 * r, n * ri, pr);
+  __pipeline_commit();
+}
+struct RoundsArgs {
+  int* flags;  // [0] the ticket counter; then per round: A tasks done, prefixes written, look-back flag
+  float2* agg;
+  double2* E;
+  float* rag;
+  double* rin;
+  i64 N, D, r, nc, total, rounds;  // rounds per batch
+  int Rc, lag, hints;              // hints: 1 evict-last / evict-first, 0 all normal
+};
+// the sums of chunks c0 .. c0 + cnt - 1 at element pair pe, in f64
+__device__ inline double2 rounds_total(const float2* agg, i64 c0, int cnt, int nP, int pe) {
+  constexpr int kLB = 16;
+  double2 s{0, 0};
+  for (int m0 = 0; m0 < cnt; m0 += kLB) {
+    float2 l[kLB];
+#pragma unroll
+    for (int k = 0; k < kLB; ++k) l[k] = m0 + k < cnt ? __ldcg(agg + (c0 + m0 + k) * nP + pe) : float2{0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < kLB; ++k) s.x += static_cast<double>(l[k].x), s.y += static_cast<double>(l[k].y);
+  }
+  return s;
+}
+__device__ inline void rounds_wait(const int* f) {  // thread 0 polls, then every thread may read what f guards
+  if (threadIdx.x == 0) {
+    while (ld_relaxed(f) == 0) {
+    }
+    fence_acq_rel_gpu();
+  }
+  __syncthreads();
+}
+// The block that finished the last A of round t of batch b: the round's sum,
+// its exclusive prefix by a look-back over the batch's rounds (which also
+// publishes the round's sum and inclusive prefix), then each chunk's
+// exclusive prefix. Thread = element pairs pe = tid + 256 q of r x D.
+template <int KB>
+__device__ inline void rounds_scan(const RoundsArgs& a, i64 b, i64 t, int nP, int& s_n, int& s_use) {
+  constexpr int kPr = 2;  // r D <= 1024
+  const int tid = static_cast<int>(threadIdx.x);
+  const i64 BR = a.total / a.nc * a.rounds, gr = b * a.rounds + t;
+  int* const f_pre = a.flags + 1 + BR;  // each round's chunk prefixes written
+  int* const f_look = f_pre + BR;       // the look-back's flags over rounds
+  const i64 c0 = b * a.nc + t * a.Rc;   // the round's first chunk
+  const int cnt = static_cast<int>(a.nc - t * a.Rc < a.Rc ? a.nc - t * a.Rc : a.Rc);
+  double2 tot[kPr], ex[kPr];
+#pragma unroll
+  for (int q = 0; q < kPr; ++q) {
+    const int pe = tid + 256 * q;
+    tot[q] = pe < nP ? rounds_total(a.agg, c0, cnt, nP, pe) : double2{0, 0};
+    ex[q] = double2{0, 0};
+  }
+  scan3_unit_prefix<KB>(f_look, a.rag, a.rin, gr, t, nP, tot, ex, s_n, s_use);
+  // each chunk's exclusive prefix: the round's plus the sums before it in the round (f64)
+  constexpr int kLB = 16;
+#pragma unroll
+  for (int q = 0; q < kPr; ++q) {
+    const int pe = tid + 256 * q;
+    if (pe >= nP) continue;
+    double2 run = ex[q];
+    for (int m0 = 0; m0 < cnt; m0 += kLB) {
+      float2 l[kLB];
+#pragma unroll
+      for (int k = 0; k < kLB; ++k) l[k] = m0 + k < cnt ? __ldcg(a.agg + (c0 + m0 + k) * nP + pe) : float2{0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < kLB; ++k) {
+        if (m0 + k < cnt) a.E[(c0 + m0 + k) * nP + pe] = run;
+        run.x += static_cast<double>(l[k].x), run.y += static_cast<double>(l[k].y);
+      }
+    }
+  }
+  fence_acq_rel_gpu();
+  __syncthreads();
+  if (tid == 0) st_release(f_pre + gr, 1);
 }
 
-// false where two buffers do not fit a block's shared memory
 template <int KB, bool kExact>
-bool causal_persist_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                       const float* v, float* y, void* ws) {
+__global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, const float* d, const float* lo,
+                                                               const float* u, const float* v, float* y, RoundsArgs a,
+                                                               semisep_plan::StagedScan p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const sm = reinterpret_cast<float*>(smem_raw);
+  double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
+  __shared__ long long s_k;
+  __shared__ int s_last, s_n, s_use;
+  constexpr int kPr = 2;  // element pairs of r x D per thread (r D <= 1024)
+  const int tid = static_cast<int>(threadIdx.x);
+  const int ri = static_cast<int>(a.r), Di = static_cast<int>(a.D), nP = ri * Di / 2;
+  if (tid == 0) s_k = atomicAdd(a.flags, 1);  // tickets in this order: every task waited for has a lower one
+  __syncthreads();
+  const i64 k = s_k, M = a.total < static_cast<i64>(a.lag) * a.Rc ? a.total : static_cast<i64>(a.lag) * a.Rc,
+            pairs = a.total - M;
+  bool isA;
+  i64 id;
+  if (k < M) isA = true, id = k;
+  else if (k - M < 2 * pairs) isA = ((k - M) & 1) != 0, id = isA ? M + (k - M) / 2 : (k - M) / 2;
+  else isA = false, id = pairs + (k - M - 2 * pairs);
+  const i64 b = id / a.nc, c = id % a.nc, t = c / a.Rc, i0 = c * p.Lg, BR = a.total / a.nc * a.rounds;
+  const int n = static_cast<int>(a.N - i0 < p.Lg ? a.N - i0 : p.Lg);
+  const std::uint64_t pkeep = l2_policy(a.hints ? 1 : 2), pdrop = l2_policy(a.hints ? 0 : 2);
+  rounds_copy(p, sm, x, d, lo, u, v, b, a.N, a.D, a.r, i0, n, !isA, isA ? pkeep : pdrop, pdrop);
+  float P[2][KB];
+  double2 s[kPr];
+  if (isA) {
+    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
+    __pipeline_wait_prior(0);  // the empty group
+#pragma unroll
+    for (int q = 0; q < kPr; ++q)
+      if (tid + 256 * q < nP)
+        a.agg[id * nP + tid + 256 * q] =
+            float2{static_cast<float>(s[q].x), static_cast<float>(s[q].y)};
+    fence_acq_rel_gpu();
+    __syncthreads();
+    if (tid == 0) {
+      const int cnt = static_cast<int>(a.nc - t * a.Rc < a.Rc ? a.nc - t * a.Rc : a.Rc);
+      // after the barrier: the count (a relaxed atomic) is released behind every thread's sums
+      fence_acq_rel_gpu();
+      s_last = atomicAdd(a.flags + 1 + b * a.rounds + t, 1) == cnt - 1;
+      if (s_last) fence_acq_rel_gpu();  // the round's other sums are read after this
+    }
+    __syncthreads();
+    if (s_last) rounds_scan<KB>(a, b, t, nP, s_n, s_use);
+    return;
+  }
+  // B: the chunk's exclusive prefix, once its round's are written (normally long before)
+  rounds_wait(a.flags + 1 + BR + b * a.rounds + t);
+#pragma unroll
+  for (int q = 0; q < kPr; ++q)
+    if (tid + 256 * q < nP) reinterpret_cast<double2*>(E)[tid + 256 * q] = __ldcg(a.E + id * nP + tid + 256 * q);
+  scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
+  scan3_phase2<KB, kExact>(p, sm, E, P, y, b, a.N, i0, n, ri, Di);
+}
+
+// false where the workspace does not hold the layout (the launcher runs the
+// one-pass kernel then)
+template <int KB, bool kExact>
+bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                      const float* v, float* y, void* ws, int Rc, int lag, bool hints) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
-  const auto smem = static_cast<std::size_t>(2 * p.smem_bytes);
-  if (!p.fits || 2 * p.smem_bytes > block_smem_optin()) return false;
-  const i64 nc = (dm.N + p.Lg - 1) / p.Lg, total = dm.B * nc, rD = dm.r * dm.D;
-  int* flags = static_cast<int*>(ws);
-  float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + semisep_plan::staged_scan_flag_bytes(dm.B, dm.N, dm.D, dm.r));
-  double* inc = reinterpret_cast<double*>(agg + total * rD);  // 16-byte aligned: r D is a multiple of 8
-  auto kernel = causal_persist_kernel<KB, kExact>;
+  const semisep_plan::RoundsLayout L = semisep_plan::staged_rounds_layout(dm.B, dm.N, dm.D, dm.r, Rc);
+  if (!p.fits || Rc < 1 || lag < 1 || L.bytes == 0 ||  // lag >= 1: every wait is on a lower ticket
+      L.bytes > semisep_plan::staged_scan_ws_bytes(dm.B, dm.N, dm.D, dm.r))
+    return false;
+  const i64 nc = (dm.N + p.Lg - 1) / p.Lg, total = dm.B * nc;
+  char* const w = static_cast<char*>(ws);
+  RoundsArgs a{static_cast<int*>(ws), reinterpret_cast<float2*>(w + L.agg), reinterpret_cast<double2*>(w + L.E),
+               reinterpret_cast<float*>(w + L.rag), reinterpret_cast<double*>(w + L.rin), dm.N, dm.D, dm.r, nc, total, L.rounds, Rc, lag, hints ? 1 : 0};
+  check_call(cudaMemsetAsync(ws, 0, static_cast<std::size_t>(L.agg)), "cudaMemsetAsync (semiseparable_matvec)");
+  const auto smem = static_cast<std::size_t>(p.smem_bytes);
+  auto kernel = causal_rounds_kernel<KB, kExact>;
   allow_smem(kernel, smem);
-  const auto grid = static_cast<unsigned>(std::min<i64>(total, resident_blocks(kernel, smem)));
-  check_call(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(total + 1) * sizeof(int)),
-             "cudaMemsetAsync (semiseparable_matvec)");
-  kernel<<<grid, 256, smem>>>(x, d, lo, u, v, y, flags, flags + total, agg, inc, dm.N, dm.D, dm.r, nc, total, p);
-  check_launch("semiseparable_matvec (causal, one pass, persistent)");
+  kernel<<<static_cast<unsigned>(2 * total), 256, smem>>>(x, d, lo, u, v, y, a, p);
+  check_launch("semiseparable_matvec (causal, rounds)");
   return true;
 }
-void causal_persist(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                    const float* v, float* y, void* ws) {
+void causal_rounds(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+                   const float* v, float* y, void* ws, int variant) {
+  // 7: rounds of 32 chunks, a B 7 rounds of tickets after its round's last A
+  // (M = 256 chunks of x and v, 15 MB at r = 22, D = 16, held in L2); 8: 64
+  // and 4; 9: 16 and 16; 10: 32 and 16 (30 MB)
+  const int Rc = variant == 8 ? 64 : variant == 9 ? 16 : 32,
+            lag = variant == 8 ? 4 : variant == 9 || variant == 10 ? 16 : 8;
   scan3_by_rank(dm.r, [&](auto kb, auto exact) {
     constexpr int KB = decltype(kb)::value;
     constexpr bool kExact = decltype(exact)::value;
-    if (!causal_persist_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws)) causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
+    if (!causal_rounds_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, Rc, lag, true))
+      causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
   });
 }
 
@@ -1824,9 +1964,8 @@ void causal_cluster(const SemisepDims& dm, const float* x, const float* d, const
 // pass where semisep_plan::staged_scan fits, S then being its workspace of
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
 // in bulk where the device and the alignment allow; 5 and 6: as 4, the causal
-// product in clusters of 8 and 4 chunks where they can run (else as 4); 7: as
-// 4, the causal product by persistent double-buffered blocks where two chunk
-// buffers fit a block (else as 4).
+// product in clusters of 8 and 4 chunks where they can run (else as 4); 7 to
+// 10: as 4, the causal product in rounds (causal_rounds_kb).
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
@@ -1839,7 +1978,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
     if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
       if (upto != 3) return;
       if (variant == 5 || variant == 6) causal_cluster(dm, x, d, lo, u, v, y, S, variant == 5 ? 8 : 4);
-      else if (variant == 7) causal_persist(dm, x, d, lo, u, v, y, S);
+      else if (variant >= 7) causal_rounds(dm, x, d, lo, u, v, y, S, variant);
       else causal_scan3(dm, x, d, lo, u, v, y, S);
       return;
     }

@@ -36,8 +36,9 @@ void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 // (cuda_k::semisep_matvec's variant): 0 the default (as 4), 1 the first tiled
 // kernels only, 2 the warp-level ones, 3 the staged ones, 4 the staged ones
 // with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8
-// and 4 chunks (sm_90), 7 as 4 with the causal product by persistent
-// double-buffered blocks (each where it applies, else as 4); any other
+// and 4 chunks (sm_90), 7 to 10 as 4 with the causal product in rounds that
+// keep x and v in L2 (rounds of 32, 64, 16 and 32 chunks, B tasks 8, 4, 16
+// and 16 rounds of tickets behind; each where it applies, else as 4); any other
 // value is an ad::Error. Returns the previous setting; for tests and
 // benchmarks that compare them.
 int set_gpu_matvec_variant(int v);
