@@ -1591,11 +1591,10 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
 // A alternate (B of chunk j, A of chunk M + j), then the remaining B. Every A
 // of a B's round has a lower ticket (M >= Rc), and a round's look-back waits
 // only for rounds before it: every wait is on a task already running or done.
-__device__ inline std::uint64_t l2_policy(int kind) {  // 0: evict-first, 1: evict-last, 2: normal
+__device__ inline std::uint64_t l2_policy(bool keep) {  // evict-last, else evict-first
   std::uint64_t pol;
-  if (kind == 0) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  else if (kind == 1) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  if (keep) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  else asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 // stage_span with an L2 eviction policy on every copy
@@ -1638,7 +1637,7 @@ struct RoundsArgs {
   float* rag;
   double* rin;
   i64 N, D, r, nc, total, rounds;  // rounds per batch
-  int Rc, lag, hints;              // hints: 1 evict-last / evict-first, 0 all normal
+  int Rc, lag;
 };
 // the sums of chunks c0 .. c0 + cnt - 1 at element pair pe, in f64
 __device__ inline double2 rounds_total(const float2* agg, i64 c0, int cnt, int nP, int pe) {
@@ -1728,7 +1727,7 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
   else isA = false, id = pairs + (k - M - 2 * pairs);
   const i64 b = id / a.nc, c = id % a.nc, t = c / a.Rc, i0 = c * p.Lg, BR = a.total / a.nc * a.rounds;
   const int n = static_cast<int>(a.N - i0 < p.Lg ? a.N - i0 : p.Lg);
-  const std::uint64_t pkeep = l2_policy(a.hints ? 1 : 2), pdrop = l2_policy(a.hints ? 0 : 2);
+  const std::uint64_t pkeep = l2_policy(true), pdrop = l2_policy(false);
   rounds_copy(p, sm, x, d, lo, u, v, b, a.N, a.D, a.r, i0, n, !isA, isA ? pkeep : pdrop, pdrop);
   float P[2][KB];
   double2 s[kPr];
@@ -1766,7 +1765,7 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
 // one-pass kernel then)
 template <int KB, bool kExact>
 bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                      const float* v, float* y, void* ws, int Rc, int lag, bool hints) {
+                      const float* v, float* y, void* ws, int Rc, int lag) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   const semisep_plan::RoundsLayout L = semisep_plan::staged_rounds_layout(dm.B, dm.N, dm.D, dm.r, Rc);
   if (!p.fits || Rc < 1 || lag < 1 || L.bytes == 0 ||  // lag >= 1: every wait is on a lower ticket
@@ -1774,8 +1773,12 @@ bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, con
     return false;
   const i64 nc = (dm.N + p.Lg - 1) / p.Lg, total = dm.B * nc;
   char* const w = static_cast<char*>(ws);
-  RoundsArgs a{static_cast<int*>(ws), reinterpret_cast<float2*>(w + L.agg), reinterpret_cast<double2*>(w + L.E),
-               reinterpret_cast<float*>(w + L.rag), reinterpret_cast<double*>(w + L.rin), dm.N, dm.D, dm.r, nc, total, L.rounds, Rc, lag, hints ? 1 : 0};
+  RoundsArgs a{static_cast<int*>(ws),
+               reinterpret_cast<float2*>(w + L.agg),
+               reinterpret_cast<double2*>(w + L.E),
+               reinterpret_cast<float*>(w + L.rag),
+               reinterpret_cast<double*>(w + L.rin),
+               dm.N, dm.D, dm.r, nc, total, L.rounds, Rc, lag};
   check_call(cudaMemsetAsync(ws, 0, static_cast<std::size_t>(L.agg)), "cudaMemsetAsync (semiseparable_matvec)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
   auto kernel = causal_rounds_kernel<KB, kExact>;
@@ -1794,7 +1797,7 @@ void causal_rounds(const SemisepDims& dm, const float* x, const float* d, const 
   scan3_by_rank(dm.r, [&](auto kb, auto exact) {
     constexpr int KB = decltype(kb)::value;
     constexpr bool kExact = decltype(exact)::value;
-    if (!causal_rounds_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, Rc, lag, true))
+    if (!causal_rounds_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, Rc, lag))
       causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
   });
 }
