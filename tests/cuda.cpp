@@ -452,8 +452,8 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                    [](const std::vector<Var>& v) { return tridiag_resolvent_diag_complex(v[0], v[1], v[2], v[3]); }});
   // the matvec's forward on the GPU has several sets of kernels (semisep::set_gpu_matvec_variant: the
   // default, the first tiled, the warp-level, the staged ones, those with bulk copies, the causal product in
-  // clusters of 8 and 4 chunks): all run
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
+  // clusters of 8 and 4 chunks, in rounds, on FP64 tensor cores): all run
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}) {
     const int was = semisep::set_gpu_matvec_variant(variant);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const GradCase& c = cases[k];

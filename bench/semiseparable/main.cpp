@@ -400,11 +400,11 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
                                  y.raw(), ws.raw(), variant, upto);
     };
   };
-  if (reps < 0) {  // --gpu-profile: variants 2 to 10 once each, full and causal
-    for (int vi : {2, 3, 4, 5, 6, 7, 8, 9, 10})
+  if (reps < 0) {  // --gpu-profile: variants 2 to 12 once each, full and causal
+    for (int vi : {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
       for (bool causal : {false, true}) matvec(causal, vi)();
     ad::cuda::synchronize();
-    std::printf("bench_semiseparable --gpu-profile: ran variants 2 to 10 once each, full and causal\n");
+    std::printf("bench_semiseparable --gpu-profile: ran variants 2 to 12 once each, full and causal\n");
     return 0;
   }
   const double t_copy = gpu_time([&] {
@@ -414,12 +414,14 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   });
   // variants: 0 the op's default, 1 the first tiled kernels, 2 the warp-level ones, 3 the staged ones,
   // 4 the staged ones with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8 and 4 chunks,
-  // 7 to 10 as 4 with the causal product in rounds (of 32, 64, 16 and 32 chunks, lag 8, 4, 16 and 16)
-  constexpr int kV = 11;
+  // 7 to 10 as 4 with the causal product in rounds (of 32, 64, 16 and 32 chunks, lag 8, 4, 16 and 16),
+  // 11 as 4 with the causal product on FP64 tensor cores, 12 as 10 on FP64 tensor cores
+  constexpr int kV = 13;
   const char* vname[kV] = {"", ", first tiled kernels", ", warp-level kernels", ", staged kernels",
                            ", staged kernels, bulk copies", ", clusters of 8 chunks", ", clusters of 4 chunks",
                            ", rounds of 32 chunks, lag 8", ", rounds of 64 chunks, lag 4",
-                           ", rounds of 16 chunks, lag 16", ", rounds of 32 chunks, lag 16"};
+                           ", rounds of 16 chunks, lag 16", ", rounds of 32 chunks, lag 16",
+                           ", FP64 tensor cores", ", rounds of 32 chunks, lag 16, FP64 tensor cores"};
   double t_full[kV], t_causal[kV];
   for (int vi = 0; vi < kV; ++vi) {
     t_full[vi] = gpu_time(matvec(false, vi));
