@@ -421,7 +421,10 @@ TEST_CASE("cuda: semiseparable and tridiagonal ops at large N match the CPU") {
                   {3, 20000, 16, 22, 0, true},
                   // more than 32 clusters of 8 chunks (variants 5 and 6): the clusters' look-back crosses
                   // windows of 32; the last cluster padded (not yet run on a GPU)
-                  {1, 131149, 16, 22, 0, true}};
+                  {1, 131149, 16, 22, 0, true},
+                  // the tensor-core walks (variants 11 and 12): odd r past a multiple of 8 at D = 16, r = 1 at
+                  // D = 8, each batch's last chunk ending inside a tile of 8 rows (not yet run on a GPU)
+                  {2, 1001, 16, 17, 0, true},   {1, 777, 8, 1, 0, true}};
   for (const M& m : ms) {
     const bool causal = m.causal;
     const std::int64_t chunk = m.chunk;

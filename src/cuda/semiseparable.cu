@@ -1512,6 +1512,10 @@ __device__ inline void scan3_unit_prefix(int* flags, float* agg, double* inc, i6
 // every product from the warp's start. About 5.75 mma a row in all (46 per 8
 // rows at r = 22, D = 16) against 99 scalar warp instructions.
 //
+// One difference from the scalar walks: a non-finite x_j also reaches the
+// rows before it in its tile of 8 (the mma multiplies it by G's masked
+// zeros); rows from the next tile on are as the scalar walks give them.
+//
 // Fragments (PTX ISA, mma.m8n8k4 .f64): lane = 4 g + q; A (8 x 4) holds
 // A[g][q], B (4 x 8) B[q][g], C (8 x 8) C[g][2 q + e], e = 0, 1. The orders
 // of the sums are chosen so that no operand is moved between lanes: over the
@@ -1722,11 +1726,11 @@ bool scan3_applies(const SemisepDims& dm) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
-// Whether the tensor-core kernel runs here: D 8 or 16, r <= 32, the one-pass
+// Whether the tensor-core kernel runs here: D 8 or 16, r <= 24, the one-pass
 // kernel's plan, a device of compute capability 8.0 or later and code for it
 // (a build whose code for this device is older has an empty mma).
 bool dmma_applies(const SemisepDims& dm, const void* kernel) {
-  if (!(dm.D == 8 || dm.D == 16) || dm.r > 32 || !scan3_applies(dm)) return false;
+  if (!(dm.D == 8 || dm.D == 16) || dm.r > 24 || !scan3_applies(dm)) return false;
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> usable;
   int dev = 0;
@@ -1737,8 +1741,12 @@ bool dmma_applies(const SemisepDims& dm, const void* kernel) {
     int major = 0;
     cudaFuncAttributes fa{};
     check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    it->second = major >= 8 && cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.ptxVersion >= 80;
-    (void)cudaGetLastError();
+    bool attrs = false;
+    if (major >= 8) {
+      attrs = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess;
+      if (!attrs) (void)cudaGetLastError();  // that refusal only: the scalar kernels run instead
+    }
+    it->second = attrs && fa.ptxVersion >= 80;
   }
   return it->second;
 }
@@ -1795,17 +1803,17 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
 }
 
 // f(mt, kp) (std::integral_constant<int, ...>: MT = D / 8, KP = r rounded up
-// to 8) where the tensor-core kernels take the shape (D 8 or 16, r <= 32);
-// false if they do not, else what f returns
+// to 8) where the tensor-core kernels take the shape (D 8 or 16, r <= 24: the
+// one-pass plan fits no larger r at these D, tests/gpu_plans.cpp); false if
+// they do not, else what f returns
 template <class F> bool dmma_by_shape(const SemisepDims& dm, F f) {
   using std::integral_constant;
-  if (!(dm.D == 8 || dm.D == 16) || dm.r < 1 || dm.r > 32) return false;
+  if (!(dm.D == 8 || dm.D == 16) || dm.r < 1 || dm.r > 24) return false;
   auto by_kp = [&](auto mt) -> bool {
     switch ((dm.r + 7) / 8) {
       case 1: return f(mt, integral_constant<int, 8>{});
       case 2: return f(mt, integral_constant<int, 16>{});
-      case 3: return f(mt, integral_constant<int, 24>{});
-      default: return f(mt, integral_constant<int, 32>{});
+      default: return f(mt, integral_constant<int, 24>{});
     }
   };
   return dm.D == 8 ? by_kp(integral_constant<int, 1>{}) : by_kp(integral_constant<int, 2>{});
