@@ -1509,8 +1509,9 @@ __device__ inline void scan3_unit_prefix(int* flags, float* agg, double* inc, i6
 // then y_i = Y_i + d_i x_i + lo_{i-1} x_{i-1}. Phase 1 forms each warp's sum
 // (the S updates alone), the block adds the warps' sums (scan3_block_totals)
 // and looks back for the chunk's prefix (scan3_unit_prefix), phase 2 runs
-// every product from the warp's start. About 5.75 mma a row in all (46 per 8
-// rows at r = 22, D = 16) against 99 scalar warp instructions.
+// every product from the warp's start. 46 mma per 8 rows at r = 22, D = 16
+// (5.75 a row) where the one-pass kernel's walks issue 49 warp instructions
+// a row (docs/design.md).
 //
 // One difference from the scalar walks: a non-finite x_j also reaches the
 // rows before it in its tile of 8 (the mma multiplies it by G's masked
