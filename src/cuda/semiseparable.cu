@@ -1727,11 +1727,12 @@ bool scan3_applies(const SemisepDims& dm) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
-// Whether the tensor-core kernel runs here: D 8 or 16, r <= 24, the one-pass
-// kernel's plan, a device of compute capability 8.0 or later and code for it
-// (a build whose code for this device is older has an empty mma).
+// Whether a tensor-core kernel runs here (its shape already taken by
+// dmma_by_shape): the one-pass kernel's plan, a device of compute capability
+// 8.0 or later and code for it (a build whose code for this device is older
+// has an empty mma).
 bool dmma_applies(const SemisepDims& dm, const void* kernel) {
-  if (!(dm.D == 8 || dm.D == 16) || dm.r > 24 || !scan3_applies(dm)) return false;
+  if (!scan3_applies(dm)) return false;
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> usable;
   int dev = 0;
