@@ -198,7 +198,8 @@ TEST_CASE("misuse: gather and embedding") {
   ad::Var x = g.input(randn({5, 3}));
   EXPECT_ERROR(ad::gather(x, g.input(randn({3})), 0), "gather", "i64", "x f32[5,3]", "index f32[3]");
   EXPECT_ERROR(ad::embedding(g.input(randn({5, 3, 2})), g.input(ints({0}, {1}))), "embedding", "[5,3,2]");
-  EXPECT_ERROR(ad::embedding(x, g.input(randn({2}))), "i64", "f32[2]");
+  EXPECT_ERROR(ad::embedding(x, g.input(randn({2}))), "embedding", "ids must be i64", "f32[2]", "[5,3]");
+  CHECK(ad::embedding(x, g.input(ints({4, 0}, {1, 2}))).shape() == ad::Shape{1, 2, 3});
 
   // out of range indices are data: they throw at run time, naming gather and the index
   ad::Tensor idx = ints({0, 7, 2}, {3});

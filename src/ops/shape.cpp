@@ -486,6 +486,11 @@ Var gather(const Operand& x, const Operand& index, int axis) {
 Var embedding(const Operand& table, const Operand& ids) {
   Shape s = operand_shape("embedding", table);
   if (s.rank() != 2) throw Error(fmt::format("embedding: table must be [V, D], got {}", s.str()));
+  const Var& iv = ids.var();
+  if (iv.defined() && iv.dtype() != DType::i64)
+    throw Error(fmt::format("embedding: ids must be i64, got {}{} (table {})", dtype_name(iv.dtype()), iv.shape().str(),
+                            s.str()));
+  // ids are data: out of range ones throw when gather runs (a graph may be built before its ids are written)
   return gather(table, ids, 0);
 }
 // ---- gather_backward ----  (dy, index) -> zeros of attrs.shape with dy rows added at index (scatter-add);
