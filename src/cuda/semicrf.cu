@@ -1,6 +1,6 @@
-// CUDA kernels of the semi-Markov CRF ops (src/ops/semicrf.cpp). COMPILED,
-// NOT RUN ON A GPU: no GPU was available when they were written; the tests in
-// tests/cuda.cpp compare them with the CPU wherever a GPU is present.
+// CUDA kernels of the semi-Markov CRF ops (src/ops/semicrf.cpp). Written
+// without a GPU; the tests in tests/cuda.cpp compare them with the CPU
+// wherever a GPU is present (they passed on an H200 and an H100, docs/gpu.md).
 //
 // Files: this one (logZ, its gradients, the marginals), semicrf_decode.cu
 // (Viterbi, the gold score and its gradient, the cumulative helper) and

@@ -1,7 +1,7 @@
 // CUDA kernels of the semi-CRF's decoding ops: Viterbi, the score of gold
-// segmentations (and its gradient) and the cumulative-scores helper. COMPILED,
-// NOT RUN ON A GPU. The design and the shared pieces: semicrf.cu,
-// semicrf_common.cuh.
+// segmentations (and its gradient) and the cumulative-scores helper; tested
+// against the CPU as semicrf.cu's are. The design and the shared pieces:
+// semicrf.cu, semicrf_common.cuh.
 #include <cuda_runtime.h>
 
 #include <cmath>
