@@ -77,7 +77,9 @@ class Var {
   GraphImpl* graph() const { return g_; }
   std::int32_t id() const { return id_; }
   OpId op() const;
-  const Shape& shape() const;
+  // A copy: building more nodes may move the graph's own storage, so a
+  // reference into it could dangle.
+  Shape shape() const;
   int rank() const { return shape().rank(); }
   std::int64_t dim(int i) const;  // negative i counts from the end
   std::int64_t numel() const { return shape().numel(); }

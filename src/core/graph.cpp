@@ -171,7 +171,7 @@ static const Node& checked_node(const Var& v) {
   return v.graph()->node(v.id());
 }
 OpId Var::op() const { return checked_node(*this).op; }
-const Shape& Var::shape() const { return checked_node(*this).meta.shape; }
+Shape Var::shape() const { return checked_node(*this).meta.shape; }
 DType Var::dtype() const { return checked_node(*this).meta.dtype; }
 Device Var::device() const { return checked_node(*this).meta.device; }
 bool Var::has_value() const { return checked_node(*this).value.defined(); }
@@ -201,7 +201,7 @@ static std::string operands_of(const OpDef& def, std::span<const Operand> inputs
   }
   return s;
 }
-const Shape& operand_shape(const char* op, const Operand& x) {
+Shape operand_shape(const char* op, const Operand& x) {
   if (x.param()) return x.param()->value.shape();
   if (!x.var().defined()) throw Error(fmt::format("{}: input is an undefined Var or an empty Parameter", op));
   return x.var().shape();

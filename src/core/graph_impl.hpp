@@ -217,7 +217,7 @@ inline Var make_node(OpId op, std::initializer_list<Operand> inputs, const Attrs
 // The shape of an op's operand, read before its node is built (to normalise
 // an axis); throws ad::Error naming `op` for an undefined Var or an empty
 // Parameter.
-const Shape& operand_shape(const char* op, const Operand& x);
+Shape operand_shape(const char* op, const Operand& x);
 
 // ---- helpers for infer functions ----
 // Throws ad::Error "<op>: <what>: a f32[2,3] vs b f32[4]" (all inputs listed).

@@ -68,7 +68,7 @@ std::int64_t grads_numel(const semicrf::Dims& d) { return d.B * (d.T + 1) * d.C 
 void grads_from_buffer(BackwardArgs& a, const Var& buf) {
   std::int64_t off = 0;
   for (std::size_t i = 0; i < 4; ++i) {
-    const Shape& s = a.in[i].shape();
+    const Shape s = a.in[i].shape();  // a copy: part() adds a node
     if (a.needs[i]) a.grad[i] = part(buf, off, s);
     off += s.numel();
   }
