@@ -44,6 +44,10 @@ TEST_CASE("misuse: binary ops with shapes that do not broadcast") {
   EXPECT_ERROR(ad::broadcast_to(one, {-5}), "broadcast_to", "[-5]", "f32[1]");  // not a shape at all
   EXPECT_ERROR(ad::sum_to(one, {-1}), "sum_to", "[-1]", "f32[1]");
   EXPECT_ERROR(ad::full(one, {2, -1}, 0.0, ad::DType::f32), "full", "[2,-1]");
+  // an i64 full takes an integer it can hold: refused when built, naming full
+  for (double bad : {1.5, std::nan(""), 1e19})
+    EXPECT_ERROR(ad::full(one, {2}, bad, ad::DType::i64), "full", "is not an i64");
+  CHECK(ad::eval(ad::full(one, {2}, -3.0, ad::DType::i64)).to_vector() == std::vector<double>{-3, -3});
 }
 
 TEST_CASE("misuse: dtype mismatch and integer or storage dtypes in float ops") {
@@ -116,6 +120,12 @@ TEST_CASE("misuse: reshape, permute, transpose") {
   EXPECT_ERROR(ad::transpose(y, 0, 3), "transpose", "axis 3", "[2,3,4]");
   EXPECT_ERROR(ad::transpose(y, -4, 0), "transpose", "axis -4", "[2,3,4]");
   CHECK(ad::permute(y, {2, 0, 1}).shape() == ad::Shape{4, 2, 3});
+  // permute moves elements of every dtype, the 16-bit storage types included
+  for (ad::DType dt : {ad::DType::f16, ad::DType::bf16, ad::DType::i64}) {
+    std::vector<double> v{1, 2, 3, 4, 5, 6};
+    ad::Var h = g.input(ad::Tensor::from(std::span<const double>(v), {2, 3}).to(dt));
+    CHECK(ad::eval(ad::transpose(h, 0, 1)).to_vector() == std::vector<double>{1, 4, 2, 5, 3, 6});
+  }
 
   // Tensor-level reshape
   ad::Tensor t = randn({2, 3});
@@ -191,6 +201,9 @@ TEST_CASE("misuse: concat") {
   ad::Graph other;
   EXPECT_ERROR(ad::concat({a, other.input(randn({2, 3}))}, 0), "concat", "different graphs");
   CHECK(ad::concat({a, a, g.input(randn({2, 1}))}, 1).shape() == ad::Shape{2, 7});
+  // sizes that each fit but whose sum does not (symbolic: nothing is allocated)
+  std::vector<ad::Var> huge(32, ad::full(a, {std::int64_t{1} << 59}, 0.0, ad::DType::f32));
+  EXPECT_ERROR(ad::concat(huge, 0), "concat", "overflow", "f32[576460752303423488]");
 }
 
 TEST_CASE("misuse: gather and embedding") {
@@ -200,6 +213,9 @@ TEST_CASE("misuse: gather and embedding") {
   EXPECT_ERROR(ad::embedding(g.input(randn({5, 3, 2})), g.input(ints({0}, {1}))), "embedding", "[5,3,2]");
   EXPECT_ERROR(ad::embedding(x, g.input(randn({2}))), "embedding", "ids must be i64", "f32[2]", "[5,3]");
   CHECK(ad::embedding(x, g.input(ints({4, 0}, {1, 2}))).shape() == ad::Shape{1, 2, 3});
+  ad::Var x6 = g.input(randn({2, 1, 1, 1, 1, 3}));
+  EXPECT_ERROR(ad::gather(x6, g.input(ints({0, 0, 0, 0}, {1, 1, 2, 2})), 0), "gather", "rank 9", "maximum of 8",
+               "x f32[2,1,1,1,1,3]", "index i64[1,1,2,2]");
 
   // out of range indices are data: they throw at run time, naming gather and the index
   ad::Tensor idx = ints({0, 7, 2}, {3});

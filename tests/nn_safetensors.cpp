@@ -245,6 +245,9 @@ TEST_CASE("nn safetensors load_safetensors reports the path") {
   };
   check(dir.file("missing.safetensors"), "cannot open");
   check(dir.path.string(), "not a regular file");
+  // a FIFO: opening it must not wait for a writer
+  REQUIRE(::mkfifo(dir.file("pipe").c_str(), 0600) == 0);
+  check(dir.file("pipe"), "not a regular file");
   auto good = ad::serialize_safetensors({{"x", Tensor::ones({100})}});
   write_bytes(dir.file("cut.safetensors"), std::vector<std::uint8_t>(good.begin(), good.end() - 1));
   check(dir.file("cut.safetensors"), "truncated");

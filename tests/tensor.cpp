@@ -120,6 +120,12 @@ TEST_CASE("tensor: copy_from converts and checks shape") {
   CHECK(b.to_vector() == std::vector<double>(4, 1.5));
   ad::Tensor c = ad::Tensor::zeros({4}, ad::DType::f32);
   CHECK_THROWS_AS(c.copy_from(a), ad::Error);
+  // a float that does not convert to i64 fails the copy before anything is written
+  std::vector<double> src{1, 2, std::nan("")};
+  ad::Tensor d = ad::Tensor::full({3}, 7.0, ad::DType::i64);
+  CHECK_THROWS_WITH_AS(d.copy_from(ad::Tensor::from(std::span<const double>(src), {3})),
+                       doctest::Contains("(element 2) does not convert to i64"), ad::Error);
+  CHECK(d.to_vector() == std::vector<double>{7, 7, 7});
 }
 
 TEST_CASE("tensor: f32 <-> f16 conversions, known values") {
@@ -377,6 +383,10 @@ TEST_CASE("format: tensors, shapes, dtypes") {
   std::vector<std::int64_t> iv{1, -2, 3};
   CHECK(fmt::format("{}", ad::Tensor::from(std::span<const std::int64_t>(iv), {3})) == "Tensor i64[3]\n[1, -2, 3]");
   CHECK(fmt::format("{}", ad::Tensor()) == "Tensor(undefined)");
+  // i64 values print as themselves, not through a double (2^63 - 1 and 2^53 + 1 have no double)
+  std::vector<std::int64_t> i64s{9223372036854775807, 9007199254740993, -9223372036854775807 - 1};
+  CHECK(fmt::format("{}", ad::Tensor::from(std::span<const std::int64_t>(i64s), {3})) ==
+        "Tensor i64[3]\n[9223372036854775807, 9007199254740993, -9223372036854775808]");
   CHECK(fmt::format("{}", ad::Tensor::empty({0})) == "Tensor f32[0]\n[]");
   CHECK(fmt::format("{}", ad::Shape{2, 3}) == "[2,3]");
   CHECK(fmt::format("{}", ad::DType::bf16) == "bf16");

@@ -62,8 +62,10 @@ Var broadcast_to(const Operand& x, const Shape& shape);
 // Sums x down to `shape` (the inverse of broadcast_to: leading dims summed
 // away, dims where shape has 1 summed with keepdim).
 Var sum_to(const Operand& x, const Shape& shape);
-// x[..., start:stop, ...] along `axis` (negative start/stop/axis count from
-// the end, as in Python; stop is clamped to the dim).
+// x[..., start:stop, ...] along `axis`. Negative start/stop/axis count from
+// the end, as in Python, and stop is clamped to the dim; unlike Python, a
+// start outside the dim (after counting from the end) or a stop before start
+// is an ad::Error, not an empty or clamped slice.
 Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop);
 // numel(shape) elements of x in flat order starting at element `offset`, as
 // a view (no copy). Ops with several outputs return one buffer and hand out

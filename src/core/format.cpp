@@ -7,12 +7,19 @@ namespace ad {
 namespace {
 constexpr std::int64_t kEdge = 3;  // values shown at each end of a long dim
 
-void append_value(std::string& s, double v, DType t) {
-  if (t == DType::i64) s += fmt::format("{}", static_cast<std::int64_t>(v));
-  else s += fmt::format("{:.6g}", v);
+// A tensor's values on the host: i64 as themselves (through a double, values past 2^53 would change), the rest
+// as doubles.
+struct Values {
+  std::vector<double> f;
+  std::vector<std::int64_t> i;
+  bool integer = false;
+};
+void append_value(std::string& s, const Values& v, std::int64_t k) {
+  const auto u = static_cast<std::size_t>(k);
+  if (v.integer) s += fmt::format("{}", v.i[u]);
+  else s += fmt::format("{:.6g}", v.f[u]);
 }
-void append_dim(std::string& s, const std::vector<double>& v, const Shape& sh, int dim, std::int64_t off, DType t,
-                int indent) {
+void append_dim(std::string& s, const Values& v, const Shape& sh, int dim, std::int64_t off, int indent) {
   std::int64_t n = sh[dim], stride = 1;
   for (int i = dim + 1; i < sh.rank(); ++i) stride *= sh[i];
   s += '[';
@@ -21,8 +28,8 @@ void append_dim(std::string& s, const std::vector<double>& v, const Shape& sh, i
       s += dim + 1 == sh.rank() ? "..., " : fmt::format("...,\n{:{}}", "", indent + 1);
       i = n - kEdge;
     }
-    if (dim + 1 == sh.rank()) append_value(s, v[static_cast<std::size_t>(off + i)], t);
-    else append_dim(s, v, sh, dim + 1, off + i * stride, t, indent + 1);
+    if (dim + 1 == sh.rank()) append_value(s, v, off + i);
+    else append_dim(s, v, sh, dim + 1, off + i * stride, indent + 1);
     if (i + 1 < n) s += dim + 1 == sh.rank() ? ", " : fmt::format(",\n{:{}}", "", indent + 1);
   }
   s += ']';
@@ -32,9 +39,17 @@ void append_dim(std::string& s, const std::vector<double>& v, const Shape& sh, i
 std::string to_string(const Tensor& t) {
   if (!t.defined()) return "Tensor(undefined)";
   std::string s = fmt::format("Tensor {}{}\n", dtype_name(t.dtype()), t.shape().str());
-  std::vector<double> v = t.to_vector();
-  if (t.rank() == 0) append_value(s, v[0], t.dtype());
-  else append_dim(s, v, t.shape(), 0, 0, t.dtype(), 0);
+  Values v;
+  v.integer = t.dtype() == DType::i64;
+  if (v.integer) {
+    const Tensor h = t.to(Device::cpu());
+    const std::int64_t* p = h.data<std::int64_t>();
+    v.i.assign(p, p + h.numel());
+  } else {
+    v.f = t.to_vector();
+  }
+  if (t.rank() == 0) append_value(s, v, 0);
+  else append_dim(s, v, t.shape(), 0, 0, 0);
   return s;
 }
 

@@ -11,7 +11,13 @@
 namespace ad {
 
 namespace {
-// Calls f(T*) with the typed pointer of a float or index tensor.
+// v (element i) as an i64, or an ad::Error: [-2^63, 2^63) converts, outside it (and NaN) the conversion is undefined.
+std::int64_t to_i64(double v, std::int64_t i) {
+  if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+    throw Error(fmt::format("Tensor: {} (element {}) does not convert to i64: not finite or out of range", v, i));
+  return static_cast<std::int64_t>(v);
+}
+// Stores f(i) for i < n into p, converted to dtype t.
 template <class F> void visit_store(DType t, void* p, std::int64_t n, F&& f) {
   switch (t) {
     case DType::f32: { auto* q = static_cast<float*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = static_cast<float>(f(i)); break; }
@@ -20,13 +26,7 @@ template <class F> void visit_store(DType t, void* p, std::int64_t n, F&& f) {
     case DType::bf16: { auto* q = static_cast<std::uint16_t*>(p); for (std::int64_t i = 0; i < n; ++i) q[i] = f64_to_bf16(static_cast<double>(f(i))); break; }
     case DType::i64: {
       auto* q = static_cast<std::int64_t*>(p);
-      for (std::int64_t i = 0; i < n; ++i) {
-        const double v = f(i);
-        // [-2^63, 2^63): outside it (and for NaN) the conversion is undefined
-        if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
-          throw Error(fmt::format("Tensor: {} (element {}) does not convert to i64: not finite or out of range", v, i));
-        q[i] = static_cast<std::int64_t>(v);
-      }
+      for (std::int64_t i = 0; i < n; ++i) q[i] = to_i64(f(i), i);
       break;
     }
   }
@@ -272,7 +272,10 @@ void Tensor::copy_from(const Tensor& src) {
       visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return i64_to_f64_odd(q[i]); });
       return;
     }
-    visit_store(dtype_, raw(), numel(), [&](std::int64_t i) { return load(src.dtype_, src.raw(), i); });
+    auto v = [&](std::int64_t i) { return load(src.dtype_, src.raw(), i); };
+    if (dtype_ == DType::i64)  // every element first: a failed copy leaves this tensor as it was
+      for (std::int64_t i = 0; i < numel(); ++i) (void)to_i64(v(i), i);
+    visit_store(dtype_, raw(), numel(), v);
     return;
   }
   if (raw() != src.raw()) device::copy(raw(), device(), src.raw(), src.device(), nbytes());

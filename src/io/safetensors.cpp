@@ -381,7 +381,8 @@ SafeTensors parse_safetensors(const void* data, std::size_t size) {
 
 SafeTensors load_safetensors(const std::string& path) {
   const std::string what = "load_safetensors: " + path;
-  File f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO would wait for a writer (it has no effect on a regular file's reads)
+  File f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (f.fd() < 0) throw Error(sys_error("load_safetensors: cannot open", path));
   struct stat sb {};
   if (::fstat(f.fd(), &sb) != 0) throw Error(sys_error("load_safetensors: cannot stat", path));

@@ -1,5 +1,7 @@
 // Leaves (user data and parameters: values attached, never computed) and
 // constant sources.
+#include <cmath>
+
 #include "core/graph_impl.hpp"
 
 namespace ad {
@@ -23,6 +25,9 @@ Meta infer_full(const InferArgs& a) {
   if (!is_floating(a.attrs.dtype) && a.attrs.dtype != DType::i64)
     fail(a, fmt::format("dtype {} (value {}) is not f32, f64, f16, bf16 or i64", dtype_name(a.attrs.dtype),
                         static_cast<int>(a.attrs.dtype)));
+  const double v = a.attrs.scalar;
+  if (a.attrs.dtype == DType::i64 && !(v >= -9223372036854775808.0 && v < 9223372036854775808.0 && v == std::trunc(v)))
+    fail(a, fmt::format("value {} is not an i64 (not an integer, not finite or out of range)", v));
   if (!a.attrs.shape.fits_bytes(static_cast<std::int64_t>(dtype_size(a.attrs.dtype))))
     fail(a, fmt::format("shape {} has more bytes than a 64-bit count holds", a.attrs.shape.str()));
   return Meta{a.attrs.shape, a.attrs.dtype, Device::cpu()};

@@ -96,11 +96,16 @@ template <class T> void permute_impl(const T* x, const Shape& xs, const Shape& p
     }
   }
 }
-void permute_cpu(const KernelArgs& k) {
-  switch (k.out.dtype()) {
-    case DType::f32: permute_impl(k[0].data<float>(), k[0].shape(), k.attrs.axes, k.out.data<float>(), k.out.shape()); break;
-    case DType::f64: permute_impl(k[0].data<double>(), k[0].shape(), k.attrs.axes, k.out.data<double>(), k.out.shape()); break;
-    case DType::i64: permute_impl(k[0].data<std::int64_t>(), k[0].shape(), k.attrs.axes, k.out.data<std::int64_t>(), k.out.shape()); break;
+void permute_cpu(const KernelArgs& k) {  // moves elements by their size, so every dtype runs (as on the GPU)
+  auto run = [&](auto t) {
+    using U = decltype(t);
+    permute_impl(static_cast<const U*>(k[0].raw()), k[0].shape(), k.attrs.axes, static_cast<U*>(k.out.raw()),
+                 k.out.shape());
+  };
+  switch (dtype_size(k.out.dtype())) {
+    case 2: run(std::uint16_t{}); break;
+    case 4: run(std::uint32_t{}); break;
+    case 8: run(std::uint64_t{}); break;
     default: kernel_fail("permute", fmt::format("no CPU kernel for dtype {}", dtype_name(k.out.dtype())));
   }
 }
@@ -379,7 +384,8 @@ Meta infer_concat(const InferArgs& a) {
     if (s.rank() != r) fail_shapes(a, "ranks differ");
     for (int d = 0; d < r; ++d)
       if (d != axis && s[d] != a[0].shape[d]) fail_shapes(a, fmt::format("dim {} differs", d));
-    total += s[static_cast<int>(axis)];
+    if (__builtin_add_overflow(total, s[static_cast<int>(axis)], &total))
+      fail_shapes(a, fmt::format("the sizes along axis {} overflow int64", axis));
   }
   m.shape[static_cast<int>(axis)] = total;
   return m;
@@ -434,6 +440,9 @@ Meta infer_gather(const InferArgs& a) {
   check_index(a, 1);
   const Shape& xs = a[0].shape;
   if (xs.rank() == 0) fail_shapes(a, "cannot gather from a scalar");
+  if (xs.rank() - 1 + a[1].shape.rank() > kMaxRank)
+    fail_shapes(a, fmt::format("the result would have rank {}, above the maximum of {}",
+                               xs.rank() - 1 + a[1].shape.rank(), kMaxRank));
   auto axis = static_cast<int>(a.attrs.axis);
   Shape out;
   for (int i = 0; i < axis; ++i) out.push_back(xs[i]);
