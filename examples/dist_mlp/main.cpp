@@ -11,8 +11,11 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
+
+#include "../common/args.hpp"
 
 namespace {
 
@@ -45,16 +48,21 @@ std::string mib(std::int64_t b) { return fmt::format("{:.3f} MiB", static_cast<d
 
 int main(int argc, char** argv) {
   bool zero = false;
-  int steps = 300;
+  std::int64_t steps = 300;
   std::string policy_name = "keep_all";
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--zero")) zero = true;
-    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--policy") && i + 1 < argc) policy_name = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--zero] [--steps N] [--policy keep_all|sqrt_n]\n", argv[0]);
-      return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--zero")) zero = true;
+      else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = args::flag_whole(argv[i], argv[i + 1], 1), ++i;
+      else if (!std::strcmp(argv[i], "--policy") && i + 1 < argc) policy_name = argv[++i];
+      else {
+        std::fprintf(stderr, "usage: %s [--zero] [--steps N] [--policy keep_all|sqrt_n]\n", argv[0]);
+        return 2;
+      }
     }
+  } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
   }
   ad::dist::Options opt;
   opt.timeout = std::chrono::seconds(30);
@@ -91,7 +99,7 @@ int main(int argc, char** argv) {
     ad::Report last;
     double loss_avg = 0, first_loss = 0;
     std::int64_t bytes_before = 0, bytes_per_step = 0;
-    for (int s = 0; s < steps; ++s) {
+    for (std::int64_t s = 0; s < steps; ++s) {
       std::int64_t epoch = s / steps_per_epoch, k = s % steps_per_epoch;
       auto shard = ad::dist::shard_indices(kRows, rank, world, 11, epoch);
       std::vector<std::int64_t> idx(shard.begin() + k * per_rank, shard.begin() + (k + 1) * per_rank);
@@ -159,6 +167,12 @@ int main(int argc, char** argv) {
     if (rank == 0) fmt::print(stderr, "the loss did not halve ({:.4f} -> {:.4f}): exit status 1\n", first_loss, loss_avg);
     return 1;
   } catch (const ad::Error& e) {
+    fmt::print(stderr, "rank {}: {}\n", comm.rank(), e.what());
+    comm.abort(1);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "rank {}: out of host memory\n", comm.rank());
+    comm.abort(1);
+  } catch (const std::exception& e) {
     fmt::print(stderr, "rank {}: {}\n", comm.rank(), e.what());
     comm.abort(1);
   }

@@ -10,8 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
+
+#include "../common/args.hpp"
 
 namespace {
 
@@ -108,12 +111,17 @@ double accuracy(const Mlp& m, const Dataset& d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int epochs = 30;
+  std::int64_t epochs = 30;
   std::uint64_t seed = 7;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else { std::fprintf(stderr, "usage: %s [--epochs N] [--seed S]\n", argv[0]); return 2; }
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = args::flag_whole(argv[i], argv[i + 1], 1), ++i;
+      else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = args::flag_seed(argv[i], argv[i + 1]), ++i;
+      else { std::fprintf(stderr, "usage: %s [--epochs N] [--seed S]\n", argv[0]); return 2; }
+    }
+  } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
   }
   try {
     ad::Rng rng(seed);
@@ -125,9 +133,10 @@ int main(int argc, char** argv) {
     const std::int64_t batch = 64, n = train.y.numel();
     fmt::print("ad {} — MLP 2-128-128-{} on {} spiral points, batch {}\n", ad::kVersionString, kClasses, n, batch);
     double test_acc = 0;
-    for (int e = 1; e <= epochs; ++e) {
+    for (std::int64_t e = 1; e <= epochs; ++e) {
       // cosine learning-rate decay from 0.05 to 0 over the run
-      opt.lr = 0.05 * 0.5 * (1.0 + std::cos(3.141592653589793 * (e - 1) / epochs));
+      opt.lr = 0.05 * 0.5 *
+               (1.0 + std::cos(3.141592653589793 * static_cast<double>(e - 1) / static_cast<double>(epochs)));
       double loss_sum = 0, step_ms = 0;
       std::int64_t steps = 0, peak = 0;
       for (std::int64_t b = 0; b + batch <= n; b += batch) {
@@ -155,6 +164,12 @@ int main(int argc, char** argv) {
     fmt::print("final test accuracy {:.2f}%\n", 100 * test_acc);
     return test_acc >= 0.95 ? 0 : 1;
   } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
   }

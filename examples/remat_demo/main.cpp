@@ -7,7 +7,7 @@
 // plan and the later ones look the plan up. At the end, ad::explain shows what
 // sqrt_n does to each node of a 4-layer net.
 //
-//   ./remat_demo [--steps N] [--seed S]
+//   ./remat_demo [--steps N] [--seed S]     (N from 2 to 10000, default 6)
 #include <ad/ad.hpp>
 
 #include <algorithm>
@@ -16,12 +16,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
+
+#include "../common/args.hpp"
 
 namespace {
 
 constexpr std::int64_t kIn = 16, kWidth = 256, kOut = 4, kBatch = 64;
+// every step's batch is made up front (5 KiB each) and trained under 8 policies
+constexpr std::int64_t kMaxSteps = 10000;
 
 // A regression task made here: y = sin(x A) for a fixed random teacher A [kIn, kOut].
 struct Batch {
@@ -154,15 +159,21 @@ int main(int argc, char** argv) {
   int steps = 6;
   std::uint64_t seed = 11;
   std::string trace_path, dot_path;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::max(2, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--dot") && i + 1 < argc) dot_path = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--seed S] [--trace step.trace.json] [--dot plan.dot]\n", argv[0]);
-      return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)  // step 1 plans, steps 2.. are timed
+        steps = static_cast<int>(args::flag_whole(argv[i], argv[i + 1], 2, kMaxSteps)), ++i;
+      else if (!std::strcmp(argv[i], "--seed") && i + 1 < argc) seed = args::flag_seed(argv[i], argv[i + 1]), ++i;
+      else if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
+      else if (!std::strcmp(argv[i], "--dot") && i + 1 < argc) dot_path = argv[++i];
+      else {
+        std::fprintf(stderr, "usage: %s [--steps N] [--seed S] [--trace step.trace.json] [--dot plan.dot]\n", argv[0]);
+        return 2;
+      }
     }
+  } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
   }
   try {
     constexpr int kLayers = 32;
@@ -247,6 +258,12 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) all_same = all_same && (!r.error.empty() || same_bits(r, base));
     return all_same ? 0 : 1;
   } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
   }

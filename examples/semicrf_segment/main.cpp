@@ -13,14 +13,15 @@
 #include <ad/ad.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
+
+#include "../common/args.hpp"
 
 namespace {
 
@@ -117,31 +118,25 @@ struct Adam {
 
 }  // namespace
 
-// The whole of `v` as a number >= lo, else false.
-static bool number_at_least(const char* v, long long lo, long long& out) {
-  char* end = nullptr;
-  errno = 0;
-  out = std::strtoll(v, &end, 10);
-  return *v && !*end && !errno && out >= lo;
-}
-
 static int run(int argc, char** argv) {
   int epochs = 20;
   std::int64_t T = 100000;
   std::uint64_t seed = 7;
-  for (int i = 1; i < argc; ++i) {
-    long long n = 0;
-    const bool has = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--epochs") && has && number_at_least(argv[i + 1], 0, n) && n <= 1000000)
-      epochs = static_cast<int>(n), ++i;
-    else if (!std::strcmp(argv[i], "--length") && has && number_at_least(argv[i + 1], 1, n))
-      T = n, ++i;
-    else if (!std::strcmp(argv[i], "--seed") && has && number_at_least(argv[i + 1], 0, n))
-      seed = static_cast<std::uint64_t>(n), ++i;
-    else {
-      std::fprintf(stderr, "usage: semicrf_segment [--epochs N >= 0] [--length T >= 1] [--seed S >= 0]\n");
-      return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const bool has = i + 1 < argc;
+      if (!std::strcmp(argv[i], "--epochs") && has)
+        epochs = static_cast<int>(args::flag_whole(argv[i], argv[i + 1], 0, 1000000)), ++i;
+      else if (!std::strcmp(argv[i], "--length") && has) T = args::flag_whole(argv[i], argv[i + 1], 1), ++i;
+      else if (!std::strcmp(argv[i], "--seed") && has) seed = args::flag_seed(argv[i], argv[i + 1]), ++i;
+      else {
+        std::fprintf(stderr, "usage: semicrf_segment [--epochs N >= 0] [--length T >= 1] [--seed S >= 0]\n");
+        return 2;
+      }
     }
+  } catch (const ad::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   }
   ad::Rng rng(seed);
   Sequences train = make_sequences(2, T, rng), test = make_sequences(1, T, rng);
@@ -193,6 +188,12 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const ad::Error& e) {  // e.g. memory for a --length too large
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
+
+#include "../common/args.hpp"
 
 namespace {
 // y = sin(3 x0) * x1 for x [N, 2] -> [N, 1]
@@ -30,17 +33,16 @@ int main(int argc, char** argv) {
   std::int64_t steps = 200;
   std::string ckpt = "toolkit.safetensors";
   bool resume = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
-      char* end = nullptr;
-      steps = std::strtoll(argv[++i], &end, 10);
-      if (*end || steps < 1) {
-        std::fprintf(stderr, "%s: --steps takes a whole number >= 1, got '%s'\n", argv[0], argv[i]);
-        return 2;
-      }
-    } else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) ckpt = argv[++i];
-    else if (!std::strcmp(argv[i], "--resume")) resume = true;
-    else { std::fprintf(stderr, "usage: %s [--steps N] [--checkpoint PATH] [--resume]\n", argv[0]); return 2; }
+  try {
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = args::flag_whole(argv[i], argv[i + 1], 1), ++i;
+      else if (!std::strcmp(argv[i], "--checkpoint") && i + 1 < argc) ckpt = argv[++i];
+      else if (!std::strcmp(argv[i], "--resume")) resume = true;
+      else { std::fprintf(stderr, "usage: %s [--steps N] [--checkpoint PATH] [--resume]\n", argv[0]); return 2; }
+    }
+  } catch (const ad::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
   }
   try {
     // [snippet loop]
@@ -93,6 +95,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ad::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of host memory\n");
     return 1;
   } catch (const std::exception& e) {  // a checkpoint without this program's metadata (step, data_offset)
     fmt::print(stderr, "error: {} is not a checkpoint of this program ({})\n", ckpt, e.what());

@@ -6,7 +6,8 @@
 // digits (L = 12 by default). The loss is next-token cross-entropy on the y
 // part. Held-out strings (a fixed hash class, never drawn for training) are
 // decoded greedily at the end and scored by exact match. Exits 3 if a step's
-// measured peak ever differs from the predicted one.
+// measured peak ever differs from the predicted one, 2 on a bad command line,
+// 1 on other errors.
 //
 //   train_lm [--policy keep_all|manual|sqrt_n|uniform:K|selective|budget] [--budget MiB]
 //            [--steps N] [--batch B] [--digits L] [--task reverse|sort] [--dim D] [--heads H]
@@ -17,9 +18,11 @@
 // --save writes a safetensors checkpoint (parameters, AdamW state, step and
 // data stream position) every --save-every steps and at the end; --resume
 // continues from one, giving the same parameters bit for bit as a run that
-// was never interrupted. --trace writes the memory timeline of the first
-// step as Chrome trace-event JSON (open it in Perfetto or chrome://tracing);
-// --dot writes that step's plan as Graphviz (dot -Tsvg plan.dot > plan.svg).
+// was never interrupted; the --save path is checked before training (a file
+// can be created in its directory). --trace writes the memory timeline of the
+// first step as Chrome trace-event JSON (open it in Perfetto or
+// chrome://tracing); --dot writes that step's plan as Graphviz (dot -Tsvg
+// plan.dot > plan.svg).
 // --mixer semiseparable replaces attention in every block by a learned causal
 // semiseparable matrix (T + U V^T per position, O(N) in the sequence length).
 // The last line prints a hash of the parameters.
@@ -38,10 +41,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <unistd.h>  // close, unlink (mkstemp is in cstdlib)
+
+#include "../common/args.hpp"
 
 namespace {
 
@@ -73,7 +82,8 @@ void answer(const std::string& task, const std::int64_t* x, std::int64_t n, std:
 // Full sequences [count, 2L + 2]: BOS x SEP y.
 ad::Tensor make_sequences(const Options& o, std::int64_t count, bool want_held_out, ad::Rng& rng) {
   const std::int64_t L = o.digits, T = 2 * L + 2;
-  std::vector<std::int64_t> seq(static_cast<std::size_t>(count * T));
+  ad::Tensor out = ad::Tensor::empty({count, T}, ad::DType::i64);  // ad::Error if too large
+  std::int64_t* seq = out.data<std::int64_t>();
   std::int64_t made = 0;
   while (made < count) {
     ad::Tensor d = ad::Tensor::randint({256, L}, rng, 10);
@@ -81,7 +91,7 @@ ad::Tensor make_sequences(const Options& o, std::int64_t count, bool want_held_o
     for (std::int64_t r = 0; r < 256 && made < count; ++r) {
       const std::int64_t* x = dv + r * L;
       if (held_out(x, L) != want_held_out) continue;
-      std::int64_t* s = seq.data() + made * T;
+      std::int64_t* s = seq + made * T;
       s[0] = kBos;
       std::copy(x, x + L, s + 1);
       s[L + 1] = kSep;
@@ -89,7 +99,7 @@ ad::Tensor make_sequences(const Options& o, std::int64_t count, bool want_held_o
       ++made;
     }
   }
-  return ad::Tensor::from(std::span<const std::int64_t>(seq), {count, T});
+  return out;
 }
 // Columns [c0, c1) of an i64 [N, T] tensor.
 ad::Tensor columns(const ad::Tensor& t, std::int64_t c0, std::int64_t c1) {
@@ -101,13 +111,39 @@ ad::Tensor columns(const ad::Tensor& t, std::int64_t c0, std::int64_t c1) {
   return out;
 }
 
-// A whole number for option `name` (the whole of `v`), else ad::Error.
-std::int64_t whole(const std::string& name, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end || errno) throw ad::Error(fmt::format("{} takes a whole number, got '{}'", name, v));
-  return n;
+// The largest --digits and --dim for which 2 L + 2 and 4 dim fit in 64 bits
+// (far beyond memory: such a model fails to allocate, with an error).
+constexpr std::int64_t kMaxDigits = (INT64_MAX - 2) / 2, kMaxDim = INT64_MAX / 4;
+
+// The value of `key` in the metadata of checkpoint `path`, else ad::Error naming both.
+const std::string& metadata_at(const ad::Metadata& md, const std::string& path, const std::string& key) {
+  auto it = md.find(key);
+  if (it == md.end())
+    throw ad::Error(fmt::format("--resume {}: the checkpoint's metadata has no {} (not a checkpoint of train_lm)",
+                                path, key));
+  return it->second;
+}
+
+// --save PATH is checked before training, not at the first save (the end of
+// the run without --save-every): PATH is not a directory, and a file can be
+// created in PATH's directory (the link's target's, for a symbolic link). The
+// probe file is removed; an existing checkpoint at PATH is not touched.
+void check_writable(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ad::Error(fmt::format("--save {}: is a directory", path));
+  fs::path target = path;
+  if (fs::exists(target, ec)) {
+    fs::path real = fs::canonical(target, ec);
+    if (!ec) target = real;
+  }
+  std::string probe = (target.has_parent_path() ? target.parent_path() / ".train_lm-probe-XXXXXX"
+                                                : fs::path(".train_lm-probe-XXXXXX")).string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0)
+    throw ad::Error(fmt::format("--save {}: cannot create a file in its directory ({})", path, std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 ad::Policy make_policy(const Options& o) {
@@ -116,7 +152,7 @@ ad::Policy make_policy(const Options& o) {
   if (p == "manual") return ad::policy::manual();
   if (p == "sqrt_n") return ad::policy::sqrt_n();
   if (p == "selective") return ad::policy::selective(ad::save_matmuls);
-  if (p.rfind("uniform:", 0) == 0) return ad::policy::uniform(whole("--policy uniform:K", p.substr(8)));
+  if (p.rfind("uniform:", 0) == 0) return ad::policy::uniform(args::flag_whole("--policy uniform:K", p.substr(8), 1));
   if (p.rfind("optimal:", 0) == 0)
     throw ad::Error("--policy optimal:S (Revolve) applies to chain graphs only; this model is not one "
                     "(examples/remat_demo runs it on a chain)");
@@ -176,22 +212,23 @@ int usage(const char* argv0) {
 
 int main(int argc, char** argv) {
   Options o;
-  bool heads_given = false, budget_given = false, stop_given = false;
+  ad::Policy policy;
+  bool heads_given = false, budget_given = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
       if (i + 1 >= argc) return usage(argv[0]);
       std::string v = argv[++i];
       if (a == "--policy") o.policy = v;
-      else if (a == "--budget") o.budget_mib = whole(a, v), budget_given = true;
-      else if (a == "--steps") o.steps = whole(a, v);
-      else if (a == "--batch") o.batch = whole(a, v);
-      else if (a == "--digits") o.digits = whole(a, v);
+      else if (a == "--budget") o.budget_mib = args::flag_whole(a, v, 1, INT64_MAX >> 20), budget_given = true;
+      else if (a == "--steps") o.steps = args::flag_whole(a, v, 1);
+      else if (a == "--batch") o.batch = args::flag_whole(a, v, 1);
+      else if (a == "--digits") o.digits = args::flag_whole(a, v, 1, kMaxDigits);
       else if (a == "--task") o.task = v;
-      else if (a == "--dim") o.model.dim = whole(a, v);
-      else if (a == "--heads") o.model.block.heads = whole(a, v), heads_given = true;
-      else if (a == "--kv-heads") o.model.block.kv_heads = whole(a, v), heads_given = true;
-      else if (a == "--layers") o.model.layers = whole(a, v);
+      else if (a == "--dim") o.model.dim = args::flag_whole(a, v, 1, kMaxDim);
+      else if (a == "--heads") o.model.block.heads = args::flag_whole(a, v, 1), heads_given = true;
+      else if (a == "--kv-heads") o.model.block.kv_heads = args::flag_whole(a, v, 1), heads_given = true;
+      else if (a == "--layers") o.model.layers = args::flag_whole(a, v, 0);
       else if (a == "--lr") {
         char* end = nullptr;
         errno = 0;
@@ -200,42 +237,34 @@ int main(int argc, char** argv) {
           throw ad::Error(fmt::format("--lr takes a number > 0, got '{}'", v));
       }
       else if (a == "--mixer") o.mixer = v;
-      else if (a == "--eval") o.eval_n = whole(a, v);
+      else if (a == "--eval") o.eval_n = args::flag_whole(a, v, 0);
       else if (a == "--save") o.save = v;
-      else if (a == "--save-every") o.save_every = whole(a, v);
+      else if (a == "--save-every") o.save_every = args::flag_whole(a, v, 1);
       else if (a == "--resume") o.resume = v;
-      else if (a == "--stop-at") o.stop_at = whole(a, v), stop_given = true;
+      else if (a == "--stop-at") o.stop_at = args::flag_whole(a, v, 1);
       else if (a == "--trace") o.trace = v;
       else if (a == "--dot") o.dot = v;
-      else if (a == "--seed") {
-        char* end = nullptr;
-        errno = 0;
-        o.seed = std::strtoull(v.c_str(), &end, 10);
-        if (v.empty() || v[0] == '-' || *end || errno)
-          throw ad::Error(fmt::format("--seed takes a whole number >= 0, got '{}'", v));
-      }
-      else if (a == "--log-every") o.log_every = std::max<std::int64_t>(1, whole(a, v));
+      else if (a == "--seed") o.seed = args::flag_seed(a, v);
+      else if (a == "--log-every") o.log_every = args::flag_whole(a, v, 1);
       else return usage(argv[0]);
     }
+    if (o.task != "reverse" && o.task != "sort")
+      throw ad::Error(fmt::format("--task takes sort or reverse, got '{}'", o.task));
+    if (o.mixer != "attention" && o.mixer != "semiseparable")
+      throw ad::Error(fmt::format("--mixer takes attention or semiseparable, got '{}'", o.mixer));
     // options another one makes meaningless are errors, not silently ignored
     if (budget_given && o.policy != "budget") throw ad::Error("--budget applies to --policy budget only");
-    if (o.steps < 1) throw ad::Error(fmt::format("--steps takes a step count >= 1, got {}", o.steps));
     if (o.save_every != 0 && o.save.empty()) throw ad::Error("--save-every applies with --save only");
-    if (o.save_every < 0) throw ad::Error(fmt::format("--save-every takes a step count >= 1, got {}", o.save_every));
-    if (o.stop_at < 0 || (o.stop_at == 0 && stop_given))
-      throw ad::Error(fmt::format("--stop-at takes a step >= 1, got {}", o.stop_at));
     if (heads_given && o.mixer == "semiseparable")
       throw ad::Error("--heads and --kv-heads apply to --mixer attention (the semiseparable mixer has no heads)");
+    policy = make_policy(o);  // made once: a budget policy caches its plans across steps
   } catch (const ad::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
-  if (o.task != "reverse" && o.task != "sort") return usage(argv[0]);
-  if (o.digits < 1 || o.batch < 1) return usage(argv[0]);
   try {
+    if (!o.save.empty()) check_writable(o.save);
     if (o.mixer == "semiseparable") o.model.block.mixer = ad::nn::Mixer::semiseparable;
-    else if (o.mixer != "attention")
-      throw ad::Error(fmt::format("unknown --mixer '{}' (known: attention, semiseparable)", o.mixer));
     ad::Rng init_rng(o.seed);
     const std::int64_t L = o.digits, T = 2 * L + 2;  // full sequence; the model reads T - 1 tokens
     o.model.vocab = kVocab;
@@ -245,7 +274,6 @@ int main(int argc, char** argv) {
     o.model.block.mlp_hidden = 4 * o.model.dim;
     o.model.checkpoint_blocks = o.policy == "manual";
     ad::nn::DecoderLM model(o.model, init_rng);
-    const ad::Policy policy = make_policy(o);
     const std::vector<ad::Parameter> params = model.parameters();
     const std::string heads = o.mixer == "attention" ? fmt::format(", {} heads ({} kv)", o.model.block.heads,
                                                                     o.model.block.kv_heads)
@@ -255,11 +283,27 @@ int main(int argc, char** argv) {
                ad::kVersionString, o.task, L, o.model.layers, o.model.dim, heads, model.num_parameters(), o.mixer,
                o.batch, policy.name());
 
-    // the loss reads the logits at the positions that predict y1 .. yL
-    std::vector<std::int64_t> rows;
+    // the loss reads the logits at the positions that predict y1 .. yL; this
+    // and the held-out set are made before training, so that a --batch or an
+    // --eval too large for memory fails now rather than after the run
+    ad::Tensor pick, held;
+    try {
+      pick = ad::Tensor::empty({o.batch, L}, ad::DType::i64);
+    } catch (const ad::Error& e) {
+      throw ad::Error(fmt::format("--batch {}: {}", o.batch, e.what()));
+    }
+    std::int64_t* rows = pick.data<std::int64_t>();
     for (std::int64_t b = 0; b < o.batch; ++b)
-      for (std::int64_t t = L + 1; t < T - 1; ++t) rows.push_back(b * (T - 1) + t);
-    const ad::Tensor pick = ad::Tensor::from(std::span<const std::int64_t>(rows), {o.batch * L});
+      for (std::int64_t j = 0; j < L; ++j) rows[b * L + j] = b * (T - 1) + L + 1 + j;
+    pick = pick.reshape({o.batch * L});
+    if (o.eval_n > 0) {
+      ad::Rng eval_rng(o.seed + 1000003);
+      try {
+        held = make_sequences(o, o.eval_n, true, eval_rng);
+      } catch (const ad::Error& e) {
+        throw ad::Error(fmt::format("--eval {}: {}", o.eval_n, e.what()));
+      }
+    }
 
     // AdamW (no weight decay), betas (0.9, 0.98); linear warm-up over 5 % of
     // the steps, then cosine decay to 10 %; gradients clipped to norm 1
@@ -286,8 +330,18 @@ int main(int argc, char** argv) {
         if (md.count(key) && md.at(key) != want)
           throw ad::Error(fmt::format("--resume {}: the checkpoint was made with --{} {}, this run has --{} {}", o.resume,
                                       key, md.at(key), key, want));
-      first = std::atoll(md.at("step").c_str()) + 1;
-      rng.reserve(std::strtoull(md.at("data_offset").c_str(), nullptr, 10));
+      const std::string& step = metadata_at(md, o.resume, "step");
+      const std::string& offset = metadata_at(md, o.resume, "data_offset");
+      auto not_whole = [&](const char* key, const std::string& v) {
+        return ad::Error(
+            fmt::format("--resume {}: the checkpoint's {} is '{}', not a whole number >= 0", o.resume, key, v));
+      };
+      std::int64_t done = 0;
+      std::uint64_t at = 0;
+      if (!args::whole(step, 0, INT64_MAX - 1, done)) throw not_whole("step", step);
+      if (!args::whole_u64(offset, at)) throw not_whole("data_offset", offset);
+      first = done + 1;
+      rng.reserve(at);
       fmt::print("resumed from {} at step {}\n", o.resume, first - 1);
     }
     auto save = [&](std::int64_t step) {
@@ -338,7 +392,7 @@ int main(int argc, char** argv) {
       loss_acc += loss.value().item();
       ++n_acc;
       if (step % o.log_every == 0 || step == o.steps) {
-        const double tokens = static_cast<double>(n_acc * o.batch * (T - 1));
+        const double tokens = static_cast<double>(n_acc) * static_cast<double>(o.batch) * static_cast<double>(T - 1);
         fmt::print("step {:5d}  loss {:.4f}  tokens/s {:8.0f}  peak {:.2f} MiB (predicted {:.2f})  recomputed {}  "
                    "lr {:.2e}\n",
                    step, loss_acc / static_cast<double>(n_acc), tokens / (ms_acc * 1e-3),
@@ -353,8 +407,6 @@ int main(int argc, char** argv) {
     const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     if (first <= last) fmt::print("trained to step {} in {:.1f} s\n", last, train_s);
     if (o.eval_n > 0) {
-      ad::Rng eval_rng(o.seed + 1000003);
-      ad::Tensor held = make_sequences(o, o.eval_n, true, eval_rng);
       auto [exact, per_digit] = evaluate(model, o, held);
       fmt::print("held-out {} sequences, greedy decoding: exact match {:.1f} %, digits {:.1f} %\n", o.eval_n,
                  100 * exact, 100 * per_digit);
@@ -370,6 +422,12 @@ int main(int argc, char** argv) {
       return 3;
     }
   } catch (const ad::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
