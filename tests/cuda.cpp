@@ -721,12 +721,17 @@ TEST_CASE("cuda: semi-Markov CRF ops match the CPU") {
       CHECK(g2.measured == g2.predicted);
     }
   }
-  // the cumulative helper and its gradient
-  for (const Shape& s : {Shape{3, 1000, 5}, Shape{1, 7, 600}}) {
-    GradCase cu{OpId::semicrf_cumulative, s.str(), {randn64(s, rng, 0.3)},
-                [](const std::vector<Var>& v) { return semicrf_cumulative(v[0]); }};
+  // the cumulative helper and its gradient, without and with lengths (padding not read, its gradient 0)
+  std::vector<GradCase> cums;
+  for (const Shape& s : {Shape{3, 1000, 5}, Shape{1, 7, 600}})
+    cums.push_back({OpId::semicrf_cumulative, s.str(), {randn64(s, rng, 0.3)},
+                    [](const std::vector<Var>& v) { return semicrf_cumulative(v[0]); }});
+  cums.push_back({OpId::semicrf_cumulative, "[3,1000,5] L {1000, 1, 517}",
+                  {randn64({3, 1000, 5}, rng, 0.3), index({1000, 1, 517}, {3})},
+                  [](const std::vector<Var>& v) { return semicrf_cumulative(v[0], v[1]); }});
+  for (const GradCase& cu : cums) {
     for (DType t : {DType::f64, DType::f32}) {
-      INFO(fmt::format("semicrf_cumulative {} {}", s.str(), dtype_name(t)));
+      INFO(fmt::format("semicrf_cumulative {} {}", cu.label, dtype_name(t)));
       Run cpu = run_case(cu, Device::cpu(), t, 95), gpu_run = run_case(cu, dev, t, 95);
       REQUIRE(gpu_run.covered);
       const double tol = t == DType::f64 ? 1e-12 : 1e-5;

@@ -447,6 +447,66 @@ TEST_CASE("semicrf gradients do not depend on how many nodes the graph held befo
   }
 }
 
+TEST_CASE("semicrf_cumulative with lengths: padding is not read, and f32 keeps its accuracy in padded batches") {
+  Rng rng(112);
+  // values: the mean over t < L[b], S flat from row L[b] on, padding (here NaN) never read
+  Tensor x = randn64({2, 5, 3}, rng, 2.0, 1.0);
+  std::vector<double> xv = x.to_vector();
+  for (std::int64_t t = 3; t < 5; ++t)
+    for (std::int64_t c = 0; c < 3; ++c) x.data<double>()[15 + t * 3 + c] = std::nan("");  // b = 1 past L = 3
+  Graph g;
+  Var S = semicrf_cumulative(g.input(x), g.input(index({5, 3}, {2})));
+  std::vector<double> s = eval(S).to_vector();
+  const std::int64_t Ls[] = {5, 3};
+  for (std::int64_t b = 0; b < 2; ++b) {
+    const std::int64_t n = Ls[b];
+    double mean = 0;
+    for (std::int64_t i = 0; i < n * 3; ++i) mean += xv[static_cast<std::size_t>(b * 15 + i)];
+    mean /= static_cast<double>(n * 3);
+    for (std::int64_t c = 0; c < 3; ++c) {
+      double acc = 0;
+      for (std::int64_t t = 0; t < 5; ++t) {
+        if (t < n) acc += xv[static_cast<std::size_t>(b * 15 + t * 3 + c)] - mean;
+        CHECK(std::fabs(s[static_cast<std::size_t>(b * 18 + (t + 1) * 3 + c)] - acc) < 1e-12);
+      }
+    }
+  }
+  EXPECT_ERROR(eval(semicrf_cumulative(g.input(x), g.input(index({5, 6}, {2})))), "semicrf_cumulative",
+               "L[1] = 6 is outside 1..T = 1..5");
+  EXPECT_ERROR(semicrf_cumulative(g.input(x), g.input(index({5}, {1}))), "semicrf_cumulative", "L must be i64 (B)",
+               "B = 2");
+  EXPECT_ERROR(semicrf_cumulative(g.input(x), g.input(randn64({2}, rng))), "semicrf_cumulative", "L must be i64");
+
+  // a padded batch: the second sequence's real part, alone and padded with large scores, gives the same NLL and
+  // marginals; in f32 the marginals stay near f64's (the padding used to move the shift; 0.73 off at -1e4)
+  const std::int64_t T = 2000, L = 1000, K = 20, C = 4;
+  Tensor real = randn64({1, L, C}, rng, 0.0, 1.0);
+  Tensor padded = Tensor::full({2, T, C}, -1e4, DType::f64);
+  for (std::int64_t i = 0; i < L * C; ++i) {
+    padded.data<double>()[i] = real.data<double>()[i];          // b = 0: real part, padding after L
+    padded.data<double>()[T * C + i] = real.data<double>()[i];  // b = 1: the same, its own length L too
+  }
+  Tensor tr = randn64({C, C}, rng, 0, 0.5), d = randn64({K, C}, rng, 0, 0.5), p = randn64({C}, rng, 0, 0.5);
+  auto marginals = [&](const Tensor& sc, std::vector<std::int64_t> lens, DType dt) {
+    Graph h;
+    Var cum = semicrf_cumulative(h.input(sc.to(dt)), h.input(index(lens, {static_cast<std::int64_t>(lens.size())})));
+    return eval(semicrf_marginals(cum, h.input(tr.to(dt)), h.input(d.to(dt)), h.input(p.to(dt)),
+                                  h.input(index(lens, {static_cast<std::int64_t>(lens.size())}))))
+        .to(DType::f64)
+        .to_vector();
+  };
+  std::vector<double> alone = marginals(real, {L}, DType::f64), m64 = marginals(padded, {L, L}, DType::f64),
+                      m32 = marginals(padded, {L, L}, DType::f32);
+  double err64 = 0, err32 = 0;
+  for (std::int64_t i = 0; i < L * C; ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    err64 = std::max(err64, std::fabs(m64[u] - alone[u]));
+    err32 = std::max(err32, std::fabs(m32[u] - alone[u]));
+  }
+  CHECK(err64 < 1e-10);
+  CHECK(err32 < 2e-5);
+}
+
 TEST_CASE("semicrf misuse") {
   Graph g;
   Rng rng(121);
@@ -519,6 +579,11 @@ void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
   for (const Shape& s : {Shape{2, 5, 3}, Shape{1, 7, 2}, Shape{3, 2, 4}})
     out.push_back({OpId::semicrf_cumulative, s.str(), {randn64(s, rng)},
                    [](const std::vector<Var>& v) { return semicrf_cumulative(v[0]); }});
+  // with lengths: the padding's gradient is 0, the mean is over the real positions
+  out.push_back({OpId::semicrf_cumulative, "[2,5,3] L {5, 2}", {randn64({2, 5, 3}, rng), index({5, 2}, {2})},
+                 [](const std::vector<Var>& v) { return semicrf_cumulative(v[0], v[1]); }});
+  out.push_back({OpId::semicrf_cumulative, "[3,4,2] L {1, 4, 3}", {randn64({3, 4, 2}, rng), index({1, 4, 3}, {3})},
+                 [](const std::vector<Var>& v) { return semicrf_cumulative(v[0], v[1]); }});
 }
 }  // namespace ad::test
 

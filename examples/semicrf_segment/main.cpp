@@ -160,8 +160,8 @@ static int run(int argc, char** argv) {
     if (e > 0) {
       ad::Graph g;
       auto t0 = std::chrono::steady_clock::now();
-      ad::Var S = ad::semicrf_cumulative(scores_of(g.input(train.x)));
       ad::Var L = g.input(train.lengths);
+      ad::Var S = ad::semicrf_cumulative(scores_of(g.input(train.x)), L);
       ad::Var nllv = ad::sub(ad::semicrf_logz(S, Tr, D, P, L), ad::semicrf_score(S, Tr, D, P, L, g.input(train.segments)));
       ad::Var loss = ad::mul_scalar(ad::sum(nllv), 1.0 / (2.0 * static_cast<double>(T)));
       ad::Report r = ad::backward(loss);
@@ -171,8 +171,9 @@ static int run(int argc, char** argv) {
       peak = r.measured_peak_bytes;
     }
     ad::Graph g;
-    ad::Var S = ad::semicrf_cumulative(scores_of(g.input(test.x)));
-    std::vector<double> pred = ad::eval(ad::semicrf_viterbi(S, Tr, D, P, g.input(test.lengths))).to_vector();
+    ad::Var L = g.input(test.lengths);
+    ad::Var S = ad::semicrf_cumulative(scores_of(g.input(test.x)), L);
+    std::vector<double> pred = ad::eval(ad::semicrf_viterbi(S, Tr, D, P, L)).to_vector();
     std::vector<double> gold = test.segments.to_vector();
     if (e == 0) std::printf("%5d %12s %10.3f %12.3f %9s %12s\n", e, "-", boundary_f1(pred, gold, T, 0),
                             boundary_f1(pred, gold, T, 5), "-", "-");

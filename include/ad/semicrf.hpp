@@ -66,6 +66,16 @@ namespace ad {
 // Viterbi do not change. Differentiable. A non-finite score throws ad::Error
 // (at run time) naming b, t and c: prefix sums cannot hold -inf.
 Var semicrf_cumulative(const Operand& scores);
+// The same for a padded batch, with the lengths L (B) i64 (1 <= L[b] <= T)
+// the other ops take: m_b is the mean over t < L[b] only, and the padding
+// t >= L[b] is not read (S[b, t+1] = S[b, L[b]] there; any value, NaN
+// included; its gradient is 0). Use it whenever sequences are padded: the
+// padding's scores would otherwise move m_b away from the real scores' mean
+// and make the sums drift, which costs f32 its accuracy: at T = 2,000,
+// L = 1,000, K = 20, C = 4 the f32 marginals were off f64's by 1.4e-3 with
+// padding scores of -100 and by 0.15 with -1e4 without the lengths, 1.3e-6
+// with them (tests/semicrf.cpp holds 2e-5).
+Var semicrf_cumulative(const Operand& scores, const Operand& L);
 
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
 // pass produces all four gradients). The backward pass's checkpoints, interval

@@ -256,11 +256,15 @@ void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* s
 // t <= L[b] (L on the device), and that value in *v; -1 if there is none.
 // Waits for the device.
 std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v);
-// S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint.
-// Returns the first b whose scores hold a non-finite value (its last row of S
-// is then non-finite), or -1.
-std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S);
-void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx);
+// S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint;
+// L (B, on the device, already checked to be 1..T) or nullptr (every
+// sequence T long): positions t >= L[b] are padding, not read. Returns the
+// first b whose scores hold a non-finite value (its last row of S is then
+// non-finite), or -1.
+std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x,
+                                const std::int64_t* L, void* S);
+void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS,
+                                 const std::int64_t* L, void* dx);
 
 }  // namespace ad::cuda_k
 

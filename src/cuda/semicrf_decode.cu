@@ -176,30 +176,35 @@ template <class E> __global__ void score_params_kernel(Ctx<E> X, bool general, c
 }
 
 // ---- cumulative scores: one block per sequence ----
-template <class E> __global__ void __launch_bounds__(kThreads) cumulative_kernel(i64 T, i64 C, const E* x, E* S) {
+// (positions n = L[b] .. T-1 are padding: S keeps its row n there)
+template <class E>
+__global__ void __launch_bounds__(kThreads) cumulative_kernel(i64 T, i64 C, const E* x, const i64* L, E* S) {
   __shared__ double red[kThreads];
   const i64 b = blockIdx.x;
+  const i64 n = L ? L[b] : T;
   const E* xb = x + b * T * C;
   E* Sb = S + b * (T + 1) * C;
   double part = 0;
-  for (i64 i = threadIdx.x; i < T * C; i += kThreads) part += static_cast<double>(xb[i]);
+  for (i64 i = threadIdx.x; i < n * C; i += kThreads) part += static_cast<double>(xb[i]);
   const double total = block_sum(part, red);
-  const double m = T * C > 0 ? total / static_cast<double>(T * C) : 0.0;
+  const double m = n * C > 0 ? total / static_cast<double>(n * C) : 0.0;
   for (i64 c = threadIdx.x; c < C; c += kThreads) {
     double acc = 0;
     Sb[c] = E(0);
     for (i64 u = 0; u < T; ++u) {
-      acc += static_cast<double>(xb[u * C + c]) - m;
+      if (u < n) acc += static_cast<double>(xb[u * C + c]) - m;
       Sb[(u + 1) * C + c] = static_cast<E>(acc);
     }
   }
 }
-// dy[t,c] = Σ_{u>t} dS[u,c], dx = dy − mean(dy): the suffix sums twice (once
-// for the mean), no T-sized temporary
+// dy[t,c] = Σ_{u>t} dS[u,c], dx = dy − mean(dy) over t < n = L[b] and 0 at
+// the padding t >= n: the suffix sums twice (once for the mean), no T-sized
+// temporary
 template <class E>
-__global__ void __launch_bounds__(kThreads) cumulative_backward_kernel(i64 T, i64 C, const E* dS, E* dx) {
+__global__ void __launch_bounds__(kThreads) cumulative_backward_kernel(i64 T, i64 C, const E* dS, const i64* L, E* dx) {
   __shared__ double red[kThreads];
   const i64 b = blockIdx.x;
+  const i64 n = L ? L[b] : T;
   const E* g = dS + b * (T + 1) * C;
   E* o = dx + b * T * C;
   double part = 0;
@@ -207,16 +212,16 @@ __global__ void __launch_bounds__(kThreads) cumulative_backward_kernel(i64 T, i6
     double acc = 0;
     for (i64 u = T - 1; u >= 0; --u) {
       acc += static_cast<double>(g[(u + 1) * C + c]);
-      part += acc;
+      if (u < n) part += acc;
     }
   }
   const double total = block_sum(part, red);
-  const double m = T * C > 0 ? total / static_cast<double>(T * C) : 0.0;
+  const double m = n * C > 0 ? total / static_cast<double>(n * C) : 0.0;
   for (i64 c = threadIdx.x; c < C; c += kThreads) {
     double acc = 0;
     for (i64 u = T - 1; u >= 0; --u) {
       acc += static_cast<double>(g[(u + 1) * C + c]);
-      o[u * C + c] = static_cast<E>(acc - m);
+      o[u * C + c] = u < n ? static_cast<E>(acc - m) : E(0);
     }
   }
 }
@@ -293,12 +298,14 @@ std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v
   return first == ~0ull ? -1 : static_cast<std::int64_t>(first);
 }
 
-std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x, void* S) {
+std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x,
+                                const std::int64_t* L, void* S) {
   if (B <= 0 || C <= 0) return -1;
   std::int64_t bad = -1;
   by_type(t, [&](auto z) {
     using E = decltype(z);
-    cumulative_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(x), static_cast<E*>(S));
+    cumulative_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(x), L,
+                                                                 static_cast<E*>(S));
     check_launch("semicrf_cumulative");
     // a non-finite score makes its sequence's mean, and so all of S[b, T, :], non-finite
     std::vector<E> last(static_cast<std::size_t>(B));
@@ -312,11 +319,12 @@ std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::in
   return bad;
 }
 
-void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS, void* dx) {
+void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS,
+                                 const std::int64_t* L, void* dx) {
   if (B <= 0 || C <= 0 || T <= 0) return;
   by_type(t, [&](auto z) {
     using E = decltype(z);
-    cumulative_backward_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(dS),
+    cumulative_backward_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(dS), L,
                                                                           static_cast<E*>(dx));
   });
   check_launch("semicrf_cumulative_backward");

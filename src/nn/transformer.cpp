@@ -131,17 +131,19 @@ SemiCRFHead::SemiCRFHead(std::int64_t features, std::int64_t c, std::int64_t k, 
   durations = Parameter::zeros({k, c}, DType::f32, "durations");
   start = Parameter::zeros({c}, DType::f32, "start");
 }
-Var SemiCRFHead::cumulative(const Var& features) const { return semicrf_cumulative(emission(features)); }
+Var SemiCRFHead::cumulative(const Var& features, const Var& lengths) const {
+  return semicrf_cumulative(emission(features), lengths);  // padding past a length does not shift the sums
+}
 Var SemiCRFHead::nll(const Var& features, const Var& lengths, const Var& segments) const {
-  Var s = cumulative(features);
+  Var s = cumulative(features, lengths);
   return mean(sub(semicrf_logz(s, transitions, durations, start, lengths),
                   semicrf_score(s, transitions, durations, start, lengths, segments)));
 }
 Var SemiCRFHead::decode(const Var& features, const Var& lengths) const {
-  return semicrf_viterbi(cumulative(features), transitions, durations, start, lengths);
+  return semicrf_viterbi(cumulative(features, lengths), transitions, durations, start, lengths);
 }
 Var SemiCRFHead::marginals(const Var& features, const Var& lengths) const {
-  return semicrf_marginals(cumulative(features), transitions, durations, start, lengths);
+  return semicrf_marginals(cumulative(features, lengths), transitions, durations, start, lengths);
 }
 void SemiCRFHead::visit(Visitor& v) const {
   v.module("emission", emission);

@@ -124,9 +124,16 @@ constexpr std::uint32_t kSavesModel = saves_input(0) | saves_input(1) | saves_in
 }  // namespace
 
 // ---- semicrf_cumulative ----  scores [B,T,C] -> S [B,T+1,C]: S[:,0] = 0, S[:,t+1] = S[:,t] + x[:,t] - mean_b(x)
+// The optional lengths (i64 (B)) of semicrf_cumulative and its backward, input 1.
+void check_cumulative_lengths(const InferArgs& a, std::int64_t B) {
+  if (a.in.size() > 2) fail_shapes(a, "takes the scores and, optionally, the lengths L");
+  if (a.in.size() == 2 && (a[1].dtype != DType::i64 || a[1].shape.rank() != 1 || a[1].shape[0] != B))
+    fail_shapes(a, fmt::format("L must be i64 (B) with B = {}", B));
+}
 Meta infer_semicrf_cumulative(const InferArgs& a) {
   if (!is_compute_float(a[0].dtype)) fail_shapes(a, "scores must be f32 or f64");
   if (a[0].shape.rank() != 3) fail_shapes(a, "scores must be (B, T, C)");
+  check_cumulative_lengths(a, a[0].shape[0]);
   Meta m = a[0];
   m.shape = Shape{a[0].shape[0], a[0].shape[1] + 1, a[0].shape[2]};
   return m;
@@ -144,8 +151,21 @@ template <class E> [[noreturn]] void non_finite_score(const E* xb, std::int64_t 
   kernel_fail("semicrf_cumulative", fmt::format("the cumulative scores of sequence {} overflow {} (scores too large)", b,
                                                 dtype_name(DTypeOf<E>::value)));
 }
+// The rows of each sequence that semicrf_cumulative reads: L[b] (checked: 1..T) with lengths, else T.
+std::vector<std::int64_t> cumulative_rows(const char* op, const KernelArgs& k, std::int64_t B, std::int64_t T) {
+  std::vector<std::int64_t> n(static_cast<std::size_t>(B), T);
+  if (k.in.size() < 2) return n;
+  const Tensor L = k[1].to(Device::cpu());
+  const std::int64_t* l = L.data<std::int64_t>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (l[b] < 1 || l[b] > T) kernel_fail(op, fmt::format("L[{}] = {} is outside 1..T = 1..{}", b, l[b], T));
+    n[static_cast<std::size_t>(b)] = l[b];
+  }
+  return n;
+}
 void semicrf_cumulative_cpu(const KernelArgs& k) {
   const std::int64_t B = k[0].shape()[0], T = k[0].shape()[1], C = k[0].shape()[2];
+  const std::vector<std::int64_t> rows = cumulative_rows("semicrf_cumulative", k, B, T);
   kernels::dispatch_float(k.out.dtype(), "semicrf_cumulative", [&](auto t) {
     using E = decltype(t);
     const E* x = k[0].data<E>();
@@ -154,50 +174,61 @@ void semicrf_cumulative_cpu(const KernelArgs& k) {
     for (std::int64_t b = 0; b < B; ++b) {
       const E* xb = x + b * T * C;
       E* Sb = S + b * (T + 1) * C;
+      const std::int64_t n = rows[static_cast<std::size_t>(b)];  // positions n.. are padding: not read
       double m = 0;
-      for (std::int64_t i = 0; i < T * C; ++i) m += static_cast<double>(xb[i]);
-      m = T * C > 0 ? m / static_cast<double>(T * C) : 0.0;
-      if (!std::isfinite(m)) non_finite_score(xb, b, T, C);
+      for (std::int64_t i = 0; i < n * C; ++i) m += static_cast<double>(xb[i]);
+      m = n * C > 0 ? m / static_cast<double>(n * C) : 0.0;
+      if (!std::isfinite(m)) non_finite_score(xb, b, n, C);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (std::int64_t c = 0; c < C; ++c) Sb[c] = E(0);
       bool finite = true;  // every S in range of E (the GPU checks the last row)
       for (std::int64_t u = 0; u < T; ++u)
         for (std::int64_t c = 0; c < C; ++c) {
-          acc[static_cast<std::size_t>(c)] += static_cast<double>(xb[u * C + c]) - m;
+          if (u < n) acc[static_cast<std::size_t>(c)] += static_cast<double>(xb[u * C + c]) - m;
           Sb[(u + 1) * C + c] = static_cast<E>(acc[static_cast<std::size_t>(c)]);
           finite &= std::isfinite(static_cast<double>(Sb[(u + 1) * C + c]));
         }
-      if (!finite) non_finite_score(xb, b, T, C);
+      if (!finite) non_finite_score(xb, b, n, C);
     }
   });
 }
 AD_CUDA_ONLY(void semicrf_cumulative_cuda(const KernelArgs& k) {
   const Shape& x = k[0].shape();
-  std::int64_t b = cuda_k::semicrf_cumulative(k.out.dtype(), x[0], x[1], x[2], k[0].raw(), k.out.raw());
+  const std::vector<std::int64_t> rows = cumulative_rows("semicrf_cumulative", k, x[0], x[1]);
+  const std::int64_t* L = k.in.size() > 1 ? k[1].data<std::int64_t>() : nullptr;  // on the device
+  std::int64_t b = cuda_k::semicrf_cumulative(k.out.dtype(), x[0], x[1], x[2], k[0].raw(), L, k.out.raw());
   if (b >= 0) {
     Tensor xb = k[0].to(Device::cpu());
+    const std::int64_t n = rows[static_cast<std::size_t>(b)];
     kernels::dispatch_float(xb.dtype(), "semicrf_cumulative",
-                            [&](auto t) { non_finite_score(xb.data<decltype(t)>() + b * x[1] * x[2], b, x[1], x[2]); });
+                            [&](auto t) { non_finite_score(xb.data<decltype(t)>() + b * x[1] * x[2], b, n, x[2]); });
   }
 })
 void semicrf_cumulative_bwd(BackwardArgs& a) {
-  if (a.needs[0]) a.grad[0] = make_node(OpId::semicrf_cumulative_backward, {a.dout});
+  if (!a.needs[0]) return;
+  a.grad[0] = a.in.size() > 1 ? make_node(OpId::semicrf_cumulative_backward, {a.dout, a.in[1]})
+                              : make_node(OpId::semicrf_cumulative_backward, {a.dout});
 }
-const OpDef op_def_semicrf_cumulative{.name = "semicrf_cumulative", .args = "scores", .arity = 1,
+const OpDef op_def_semicrf_cumulative{.name = "semicrf_cumulative", .args = "scores,L", .arity = -1,
                                       .infer = infer_semicrf_cumulative, .cpu = semicrf_cumulative_cpu,
                                       .cuda = AD_CUDA_FN(semicrf_cumulative_cuda),
-                                      .backward = semicrf_cumulative_bwd};
+                                      .backward = semicrf_cumulative_bwd, .saves = saves_input(1)};
 Var semicrf_cumulative(const Operand& scores) { return make_node(OpId::semicrf_cumulative, {scores}); }
+Var semicrf_cumulative(const Operand& scores, const Operand& L) {
+  return make_node(OpId::semicrf_cumulative, {scores, L});
+}
 
 // ---- semicrf_cumulative_backward ----  dS [B,T+1,C] -> dx [B,T,C]:
-//   dy[t,c] = sum_{u>t} dS[u,c];  dx = dy - mean_b(dy)
+//   dy[t,c] = sum_{u>t} dS[u,c];  dx = dy - mean_b(dy) over t < L[b] (T without lengths), 0 at t >= L[b]
 Meta infer_semicrf_cumulative_backward(const InferArgs& a) {
+  check_cumulative_lengths(a, a[0].shape[0]);
   Meta m = a[0];
   m.shape = Shape{a[0].shape[0], a[0].shape[1] - 1, a[0].shape[2]};
   return m;
 }
 void semicrf_cumulative_backward_cpu(const KernelArgs& k) {
   const std::int64_t B = k[0].shape()[0], T = k[0].shape()[1] - 1, C = k[0].shape()[2];
+  const std::vector<std::int64_t> rows = cumulative_rows("semicrf_cumulative_backward", k, B, T);
   kernels::dispatch_float(k.out.dtype(), "semicrf_cumulative_backward", [&](auto t) {
     using E = decltype(t);
     const E* dS = k[0].data<E>();
@@ -205,6 +236,7 @@ void semicrf_cumulative_backward_cpu(const KernelArgs& k) {
     std::vector<double> acc(static_cast<std::size_t>(C)), dy(static_cast<std::size_t>(T * C));
     for (std::int64_t b = 0; b < B; ++b) {
       const E* g = dS + b * (T + 1) * C;
+      const std::int64_t n = rows[static_cast<std::size_t>(b)];
       std::fill(acc.begin(), acc.end(), 0.0);
       double total = 0;
       for (std::int64_t u = T - 1; u >= 0; --u)
@@ -212,17 +244,20 @@ void semicrf_cumulative_backward_cpu(const KernelArgs& k) {
           acc[static_cast<std::size_t>(c)] += static_cast<double>(g[(u + 1) * C + c]);
           dy[static_cast<std::size_t>(u * C + c)] = acc[static_cast<std::size_t>(c)];
         }
-      for (double v : dy) total += v;
-      double m = T * C > 0 ? total / static_cast<double>(T * C) : 0.0;
-      for (std::int64_t i = 0; i < T * C; ++i) dx[b * T * C + i] = static_cast<E>(dy[static_cast<std::size_t>(i)] - m);
+      for (std::int64_t i = 0; i < n * C; ++i) total += dy[static_cast<std::size_t>(i)];
+      double m = n * C > 0 ? total / static_cast<double>(n * C) : 0.0;
+      for (std::int64_t i = 0; i < T * C; ++i)
+        dx[b * T * C + i] = i < n * C ? static_cast<E>(dy[static_cast<std::size_t>(i)] - m) : E(0);
     }
   });
 }
 AD_CUDA_ONLY(void semicrf_cumulative_backward_cuda(const KernelArgs& k) {
   const Shape& g = k[0].shape();
-  cuda_k::semicrf_cumulative_backward(k.out.dtype(), g[0], g[1] - 1, g[2], k[0].raw(), k.out.raw());
+  (void)cumulative_rows("semicrf_cumulative_backward", k, g[0], g[1] - 1);
+  const std::int64_t* L = k.in.size() > 1 ? k[1].data<std::int64_t>() : nullptr;  // on the device
+  cuda_k::semicrf_cumulative_backward(k.out.dtype(), g[0], g[1] - 1, g[2], k[0].raw(), L, k.out.raw());
 })
-const OpDef op_def_semicrf_cumulative_backward{.name = "semicrf_cumulative_backward", .args = "dS", .arity = 1,
+const OpDef op_def_semicrf_cumulative_backward{.name = "semicrf_cumulative_backward", .args = "dS,L", .arity = -1,
                                                .infer = infer_semicrf_cumulative_backward,
                                                .cpu = semicrf_cumulative_backward_cpu,
                                                .cuda = AD_CUDA_FN(semicrf_cumulative_backward_cuda),

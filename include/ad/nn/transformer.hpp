@@ -105,7 +105,7 @@ class SemiCRFHead : public Module {
   Parameter transitions, durations, start;
 
  private:
-  Var cumulative(const Var& features) const;
+  Var cumulative(const Var& features, const Var& lengths) const;
 };
 
 }  // namespace ad::nn
