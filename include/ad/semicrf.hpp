@@ -80,9 +80,12 @@ Var semicrf_cumulative(const Operand& scores, const Operand& L);
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
 // pass produces all four gradients). The backward pass's checkpoints, interval
 // buffer and β ring take at most 2·√(T·K)·C + K·C values per sequence in
-// flight (an f32 ring value takes 6 bytes, hi + a bf16 lo: see Precision); besides them it holds parameter-sized buffers (D transposed, dD
-// partial sums) and O(C) per checkpoint and interval row. All of it is the
-// op's workspace, counted by the graph's allocator; see docs/design.md.
+// flight, K standing for min(K, T) (plus less than C from rounding the
+// interval to whole positions: 0.54·C at most over T <= 20,000, K <= 400; an
+// f32 ring value takes 6 bytes, hi + a bf16 lo: see Precision); besides them
+// it holds parameter-sized buffers (D transposed, dD partial sums) and O(C)
+// per checkpoint and interval row. All of it is the op's workspace, counted
+// by the graph's allocator; see docs/design.md.
 Var semicrf_logz(const Operand& S, const Operand& Tr, const Operand& D, const Operand& P, const Operand& L);
 
 // Score (B) of the segmentations `segments` (i64 (B, T), encoding above),
