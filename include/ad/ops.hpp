@@ -139,6 +139,8 @@ inline Var operator-(const Var& a, double s) { return add_scalar(a, -s); }
 inline Var operator-(double s, const Var& a) { return rsub_scalar(a, s); }
 inline Var operator*(const Var& a, double s) { return mul_scalar(a, s); }
 inline Var operator*(double s, const Var& a) { return mul_scalar(a, s); }
+// a * (1/s): one rounding more than a division, and 1/s must be finite in a's
+// dtype (|s| below about 1e-308 in f64, 3e-39 in f32, gives inf: use div)
 inline Var operator/(const Var& a, double s) { return mul_scalar(a, 1.0 / s); }
 inline Var operator/(double s, const Var& a) { return rdiv_scalar(a, s); }
 
