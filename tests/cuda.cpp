@@ -155,6 +155,20 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
   }
   CHECK(msg.find("gather: inputs on different devices") != std::string::npos);
   CHECK(msg.find("index i64[4]") != std::string::npos);
+  // and for every op when a node is built, whatever its own checks: lengths (semicrf, attention's
+  // key_lengths) and model parameters were once let through. A node that only claims cuda:0 (never run).
+  Graph g;
+  Node fake;
+  fake.op = OpId::input;
+  fake.meta = Meta{{2}, DType::i64, Device::cuda(0)};
+  Var gpu_lengths{&g.impl(), g.impl().add_node(fake)};
+  Var scores = g.input(Tensor::zeros({2, 4, 3}));
+  EXPECT_ERROR(semicrf_cumulative(scores, gpu_lengths), "semicrf_cumulative", "inputs on different devices",
+               "scores f32[2,4,3]", "L i64[2]@cuda:0");
+  Var q = g.input(Tensor::zeros({2, 1, 4, 8}));
+  AttentionOptions opt;
+  opt.key_lengths = gpu_lengths;
+  EXPECT_ERROR(attention(q, q, q, opt), "attention", "inputs on different devices", "i64[2]@cuda:0");
 }
 
 // Every op a graph can compute (one with a CPU kernel) has a CUDA kernel

@@ -242,6 +242,9 @@ Var make_node(OpId op, std::span<const Operand> inputs, const Attrs& attrs) {
   if (n.inputs.size() > 8) { metas_big.resize(n.inputs.size()); metas = metas_big.data(); }
   for (std::size_t i = 0; i < n.inputs.size(); ++i) metas[i] = &g->node(n.inputs[i]).meta;
   InferArgs a{def, std::span<const Meta* const>(metas, n.inputs.size()), n.attrs};
+  // no op moves data between devices: a kernel runs where its inputs are (every input, lengths and indices too)
+  for (std::size_t i = 1; i < n.inputs.size(); ++i)
+    if (!(metas[i]->device == metas[0]->device)) fail_shapes(a, "inputs on different devices");
   n.meta = def.infer(a);
   if (!n.meta.shape.fits_bytes(static_cast<std::int64_t>(dtype_size(n.meta.dtype))))
     throw Error(fmt::format("{}: output shape {} has more bytes than a 64-bit count holds: {}", def.name,
