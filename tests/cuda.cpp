@@ -1013,6 +1013,20 @@ TEST_CASE("cuda: a non-finite semicrf score is an ad::Error naming b, t and c") 
   Graph g;
   Var S = semicrf_cumulative(g.input(Tensor::from(std::span<const float>(xs), {2, 2, 2}).to(Device::cuda(0))));
   CHECK_THROWS_WITH_AS(eval(S), doctest::Contains("scores[1, 1, 1] = -inf is not finite"), Error);
+  // sums that overflow f32 in a column other than the first, or only in a middle row, as the CPU finds them
+  // (the GPU once checked S[b, T, 0] only; added after the last GPU run); padding past a length is not read
+  // [1, 2, 3]: S[0, 2] = {0, inf, -inf}; [1, 3, 2]: S[0, 2, 1] = inf, the last row finite
+  for (const auto& [v, shape] : {std::pair{std::vector<float>{0, 3e38f, -3e38f, 0, 3e38f, -3e38f}, Shape{1, 2, 3}},
+                                 std::pair{std::vector<float>{0, 3e38f, 0, 3e38f, 0, -3e38f}, Shape{1, 3, 2}}}) {
+    Graph o;
+    Var So = semicrf_cumulative(o.input(Tensor::from(std::span<const float>(v), shape).to(Device::cuda(0))));
+    CHECK_THROWS_WITH_AS(eval(So), doctest::Contains("the cumulative scores of sequence 0 overflow f32"), Error);
+  }
+  std::vector<float> padded{1, 2, 3, 4, NAN, INFINITY};
+  Graph pg;
+  Var Sp = semicrf_cumulative(pg.input(Tensor::from(std::span<const float>(padded), {1, 3, 2}).to(Device::cuda(0))),
+                              pg.input(index({2}, {1}).to(Device::cuda(0))));
+  CHECK(eval(Sp).to(Device::cpu()).to_vector() == std::vector<double>{0, 0, -1.5, -0.5, -1, 1, -1, 1});
   // a NaN transition (checked on the host from a copy of Tr, D and P; added after the last GPU run)
   const Device dev = Device::cuda(0);
   Tensor tr = Tensor::full({2, 2}, 0.1);

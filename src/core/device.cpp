@@ -15,6 +15,15 @@ std::string name(Device d) {
   return d.kind == DeviceKind::cpu ? std::string("cpu") : fmt::format("cuda:{}", d.index);
 }
 
+On::On(Device d) {
+  if (d.kind != DeviceKind::cuda) return;
+  const int prev = cuda_rt::enter_device(d.index);
+  if (prev != d.index) prev_ = prev;
+}
+On::~On() {
+  if (prev_ >= 0) cuda_rt::leave_device(prev_);
+}
+
 void* allocate(Device d, std::size_t bytes) {
   if (d.kind == DeviceKind::cuda) return cuda_rt::allocate(d.index, bytes);
   // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it.
@@ -62,8 +71,9 @@ void deallocate(int, void*, std::size_t) noexcept {}
 void copy(void*, int, const void*, int, std::size_t) { no_cuda(); }
 void memset(int, void*, int, std::size_t) { no_cuda(); }
 void add_into(Tensor&, const Tensor&) { no_cuda(); }
-void count_cast_overflows(const Tensor&, const Tensor&) { no_cuda(); }
-std::uint64_t take_cast_overflows(int) { return 0; }
+void count_cast_overflows(const Tensor&, const Tensor&, void*) { no_cuda(); }
+int enter_device(int) { no_cuda(); }
+void leave_device(int) noexcept {}
 void* host_alloc(std::size_t) { no_cuda(); }
 void host_free(void*) noexcept {}
 void copy_to_host_async(int, void*, const void*, std::size_t) { no_cuda(); }

@@ -21,6 +21,20 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_
 void memset(Device d, void* p, int value, std::size_t bytes);
 std::string name(Device d);  // "cpu", "cuda:0"
 
+// While alive, a GPU `d` is the calling thread's current device (nothing for
+// the CPU): kernels launch, and cuBLAS and the runtime act, on the current
+// device, which is not the tensor's unless set.
+class On {
+ public:
+  explicit On(Device d);
+  ~On();
+  On(const On&) = delete;
+  On& operator=(const On&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
 }  // namespace ad::device
 
 namespace ad::cuda_rt {
@@ -32,10 +46,15 @@ void memset(int dev, void* p, int value, std::size_t bytes);
 // dst += src elementwise (same shape and float dtype, both on one GPU).
 void add_into(Tensor& dst, const Tensor& src);
 // Counts, on the device, the elements finite in `from` but not in `to` (its
-// conversion to a narrower dtype, same shape, one GPU), into a counter that
-// take_cast_overflows(dev) reads (waiting for the device) and resets.
-void count_cast_overflows(const Tensor& from, const Tensor& to);
-std::uint64_t take_cast_overflows(int dev);
+// conversion to a narrower dtype, same shape, one GPU), into `counter`: 8
+// bytes on that GPU, zeroed (cuda_rt::allocate + memset) and owned by the
+// caller, so graphs running at once on one GPU never share a count; read it
+// with copy (which waits for the device).
+void count_cast_overflows(const Tensor& from, const Tensor& to, void* counter);
+// Makes `dev` the calling thread's current GPU; returns the previous one for
+// leave_device. Kernels and cuBLAS run on the current GPU.
+int enter_device(int dev);
+void leave_device(int prev) noexcept;
 
 // ---- host offload (the executor's Offload / Prefetch steps) ----
 // Kernels run on the device's compute stream (the default stream); copies

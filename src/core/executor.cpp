@@ -415,7 +415,10 @@ class Runner {
       mark_live();
       t0 = trace_->now_us();
     }
-    kernel(a);
+    {
+      device::On on(nd.meta.device);  // the node's GPU, not whichever is current
+      kernel(a);
+    }
     for (auto& [in, t] : copies) {  // the value itself stays as the schedule holds it
       if (trace_) note_release(in, t, TraceEvent::Kind::free);
       t = Tensor{};
@@ -532,9 +535,13 @@ class Runner {
   // (check_gpu_ranges), not at every compress.
   void check_range(std::int32_t id, const Tensor& from, const Tensor& to) {
     if (to.is_cuda()) {
-      cuda_rt::count_cast_overflows(from, to);
-      if (std::find(gpu_ranges_.begin(), gpu_ranges_.end(), to.device().index) == gpu_ranges_.end())
-        gpu_ranges_.push_back(to.device().index);
+      const int dev = to.device().index;
+      auto c = std::find_if(gpu_ranges_.begin(), gpu_ranges_.end(), [&](const auto& r) { return r->dev == dev; });
+      if (c == gpu_ranges_.end()) {
+        gpu_ranges_.push_back(std::make_unique<GpuCounter>(dev));
+        c = gpu_ranges_.end() - 1;
+      }
+      cuda_rt::count_cast_overflows(from, to, (*c)->p);
       gpu_compressed_.push_back(id);
       return;
     }
@@ -554,7 +561,11 @@ class Runner {
   }
   void check_gpu_ranges() {
     std::uint64_t bad = 0;
-    for (int dev : gpu_ranges_) bad += cuda_rt::take_cast_overflows(dev);
+    for (const auto& r : gpu_ranges_) {
+      std::uint64_t n = 0;
+      cuda_rt::copy(&n, -1, r->p, r->dev, sizeof n);  // waits for the count's kernels
+      bad += n;
+    }
     gpu_ranges_.clear();
     if (bad == 0) return;
     std::vector<std::string> names;
@@ -566,7 +577,24 @@ class Runner {
                             fmt::join(names, ", "), gpu_compressed_.size() > 4 ? ", ..." : "", bad,
                             bad == 1 ? "" : "s"));
   }
-  std::vector<int> gpu_ranges_;
+  // this run's count of compressed GPU values that overflowed, one per GPU (its own: runs on other threads
+  // count theirs), freed with the run
+  struct GpuCounter {
+    int dev;
+    void* p;
+    explicit GpuCounter(int d) : dev(d), p(cuda_rt::allocate(d, sizeof(std::uint64_t))) {
+      try {
+        cuda_rt::memset(d, p, 0, sizeof(std::uint64_t));
+      } catch (...) {
+        cuda_rt::deallocate(d, p, sizeof(std::uint64_t));
+        throw;
+      }
+    }
+    ~GpuCounter() { cuda_rt::deallocate(dev, p, sizeof(std::uint64_t)); }
+    GpuCounter(const GpuCounter&) = delete;
+    GpuCounter& operator=(const GpuCounter&) = delete;
+  };
+  std::vector<std::unique_ptr<GpuCounter>> gpu_ranges_;
   std::vector<std::int32_t> gpu_compressed_;
 
   // A value the guard evicted, wanted back by a step: recomputed, and so are

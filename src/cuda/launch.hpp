@@ -25,11 +25,10 @@ template <class F>
 void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, void* y, const Shape& ys, F f);
 // y = x converted between any of f32, f64, f16, bf16.
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
-// Adds to a device counter the elements finite in x (dtype from) but not in
-// y (its conversion, dtype to); take_cast_overflows() copies the counter to
-// the host (synchronizing the current device) and resets it.
-void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n);
-std::uint64_t take_cast_overflows();
+// Adds to *counter (on the current device) the elements finite in x (dtype
+// from) but not in y (its conversion, dtype to).
+void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n,
+                          unsigned long long* counter);
 // dst += src.
 void add_into(DType t, void* dst, const void* src, std::int64_t n);
 // y[i] = dropout's f(x[i], i) (src/ops/random_math.hpp).
@@ -259,8 +258,9 @@ std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v
 // S (B, T+1, C) from scores (B, T, C) (semicrf_cumulative), and its adjoint;
 // L (B, on the device, already checked to be 1..T) or nullptr (every
 // sequence T long): positions t >= L[b] are padding, not read. Returns the
-// first b whose scores hold a non-finite value (its last row of S is then
-// non-finite), or -1.
+// first b with a non-finite S (a non-finite score, or sums that overflow the
+// dtype; every element is checked, as on the CPU), or -1. Waits for the
+// device.
 std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x,
                                 const std::int64_t* L, void* S);
 void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS,

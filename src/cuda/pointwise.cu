@@ -148,29 +148,21 @@ AD_PW_UNARY_LIST(AD_INSTANTIATE_UNARY)
 AD_PW_BINARY_LIST(AD_INSTANTIATE_BINARY)
 
 namespace {
-__device__ unsigned long long g_cast_overflows = 0;
-__global__ void count_cast_overflows_kernel(DType from, const void* x, DType to, const void* y, std::int64_t n) {
+__global__ void count_cast_overflows_kernel(DType from, const void* x, DType to, const void* y, std::int64_t n,
+                                            unsigned long long* counter) {
   unsigned long long mine = 0;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     mine += isfinite(detail::load_as_double(from, x, i)) && !isfinite(detail::load_as_double(to, y, i));
-  if (mine) atomicAdd(&g_cast_overflows, mine);  // (rare: most threads add nothing)
+  if (mine) atomicAdd(counter, mine);  // (rare: most threads add nothing)
 }
 }  // namespace
 
-void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n) {
+void count_cast_overflows(DType from, const void* x, DType to, const void* y, std::int64_t n,
+                          unsigned long long* counter) {
   if (n == 0) return;
-  count_cast_overflows_kernel<<<blocks_for(n), kThreads>>>(from, x, to, y, n);
+  count_cast_overflows_kernel<<<blocks_for(n), kThreads>>>(from, x, to, y, n, counter);
   check_launch("count_cast_overflows");
-}
-std::uint64_t take_cast_overflows() {
-  unsigned long long v = 0;
-  check_call(cudaMemcpyFromSymbol(&v, g_cast_overflows, sizeof(v)), "cudaMemcpyFromSymbol (cast overflows)");
-  if (v != 0) {
-    const unsigned long long zero = 0;
-    check_call(cudaMemcpyToSymbol(g_cast_overflows, &zero, sizeof(zero)), "cudaMemcpyToSymbol (cast overflows)");
-  }
-  return v;
 }
 
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n) {

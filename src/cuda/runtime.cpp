@@ -379,14 +379,18 @@ void wait_and_release(int dev, void* event) {
   AD_CUDA_CHECK(r);
 }
 
-void count_cast_overflows(const Tensor& from, const Tensor& to) {
+void count_cast_overflows(const Tensor& from, const Tensor& to, void* counter) {
   DeviceGuard g(to.device().index);
-  cuda_k::count_cast_overflows(from.dtype(), from.raw(), to.dtype(), to.raw(), to.numel());
+  cuda_k::count_cast_overflows(from.dtype(), from.raw(), to.dtype(), to.raw(), to.numel(),
+                               static_cast<unsigned long long*>(counter));
 }
-std::uint64_t take_cast_overflows(int dev) {
-  DeviceGuard g(dev);
-  return cuda_k::take_cast_overflows();
+int enter_device(int dev) {
+  int prev = 0;
+  AD_CUDA_CHECK(cudaGetDevice(&prev));
+  if (prev != dev) AD_CUDA_CHECK(cudaSetDevice(dev));
+  return prev;
 }
+void leave_device(int prev) noexcept { cudaSetDevice(prev); }
 
 void add_into(Tensor& dst, const Tensor& src) {
   if (!dst.is_cuda() || src.device() != dst.device())

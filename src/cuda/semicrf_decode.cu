@@ -177,8 +177,10 @@ template <class E> __global__ void score_params_kernel(Ctx<E> X, bool general, c
 
 // ---- cumulative scores: one block per sequence ----
 // (positions n = L[b] .. T-1 are padding: S keeps its row n there)
+// *bad = the smallest b with a non-finite S value (an overflow anywhere, or a non-finite score)
 template <class E>
-__global__ void __launch_bounds__(kThreads) cumulative_kernel(i64 T, i64 C, const E* x, const i64* L, E* S) {
+__global__ void __launch_bounds__(kThreads)
+    cumulative_kernel(i64 T, i64 C, const E* x, const i64* L, E* S, unsigned long long* bad) {
   __shared__ double red[kThreads];
   const i64 b = blockIdx.x;
   const i64 n = L ? L[b] : T;
@@ -188,14 +190,18 @@ __global__ void __launch_bounds__(kThreads) cumulative_kernel(i64 T, i64 C, cons
   for (i64 i = threadIdx.x; i < n * C; i += kThreads) part += static_cast<double>(xb[i]);
   const double total = block_sum(part, red);
   const double m = n * C > 0 ? total / static_cast<double>(n * C) : 0.0;
+  bool finite = true;
   for (i64 c = threadIdx.x; c < C; c += kThreads) {
     double acc = 0;
     Sb[c] = E(0);
     for (i64 u = 0; u < T; ++u) {
       if (u < n) acc += static_cast<double>(xb[u * C + c]) - m;
-      Sb[(u + 1) * C + c] = static_cast<E>(acc);
+      const E s = static_cast<E>(acc);
+      Sb[(u + 1) * C + c] = s;
+      finite &= static_cast<bool>(isfinite(static_cast<double>(s)));
     }
   }
+  if (!finite) atomicMin(bad, static_cast<unsigned long long>(b));
 }
 // dy[t,c] = Σ_{u>t} dS[u,c], dx = dy − mean(dy) over t < n = L[b] and 0 at
 // the padding t >= n: the suffix sums twice (once for the mean), no T-sized
@@ -271,24 +277,24 @@ void semicrf_score_backward(DType t, const SemicrfArgs& a, const std::int64_t* s
 }
 
 namespace {
-__device__ unsigned long long g_first_bad_s;
-template <class E> __global__ void first_bad_s_kernel(i64 B, i64 T, i64 C, const E* S, const i64* L) {
+template <class E>
+__global__ void first_bad_s_kernel(i64 B, i64 T, i64 C, const E* S, const i64* L, unsigned long long* first) {
   const i64 n = B * (T + 1) * C;
   for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x)
     if (i / C % (T + 1) <= L[i / ((T + 1) * C)] && !isfinite(static_cast<double>(S[i])))
-      atomicMin(&g_first_bad_s, static_cast<unsigned long long>(i));
+      atomicMin(first, static_cast<unsigned long long>(i));
 }
 }  // namespace
 std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v) {
   const std::int64_t n = a.B * (a.T + 1) * a.C;
   if (n <= 0) return -1;
   unsigned long long first = ~0ull;
-  check_call(cudaMemcpyToSymbol(g_first_bad_s, &first, sizeof(first)), "cudaMemcpyToSymbol (semicrf S check)");
+  Flag flag;  // this call's own (~0: none)
   by_type(t, [&](auto z) {
     using E = decltype(z);
-    first_bad_s_kernel<E><<<grid_for(n, kThreads), kThreads>>>(a.B, a.T, a.C, static_cast<const E*>(a.S), a.L);
+    first_bad_s_kernel<E><<<grid_for(n, kThreads), kThreads>>>(a.B, a.T, a.C, static_cast<const E*>(a.S), a.L, flag.p);
     check_launch("semicrf S check");
-    check_call(cudaMemcpyFromSymbol(&first, g_first_bad_s, sizeof(first)), "cudaMemcpyFromSymbol (semicrf S check)");
+    first = flag.get();
     if (first == ~0ull) return;
     E e{};
     check_call(cudaMemcpy(&e, static_cast<const E*>(a.S) + first, sizeof(E), cudaMemcpyDeviceToHost),
@@ -301,22 +307,15 @@ std::int64_t semicrf_first_non_finite_s(DType t, const SemicrfArgs& a, double* v
 std::int64_t semicrf_cumulative(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* x,
                                 const std::int64_t* L, void* S) {
   if (B <= 0 || C <= 0) return -1;
-  std::int64_t bad = -1;
+  Flag bad;  // this call's own (~0: every S finite)
   by_type(t, [&](auto z) {
     using E = decltype(z);
     cumulative_kernel<E><<<static_cast<unsigned>(B), kThreads>>>(T, C, static_cast<const E*>(x), L,
-                                                                 static_cast<E*>(S));
+                                                                 static_cast<E*>(S), bad.p);
     check_launch("semicrf_cumulative");
-    // a non-finite score makes its sequence's mean, and so all of S[b, T, :], non-finite
-    std::vector<E> last(static_cast<std::size_t>(B));
-    check_call(cudaMemcpy2D(last.data(), sizeof(E), static_cast<const E*>(S) + T * C,
-                            static_cast<std::size_t>((T + 1) * C) * sizeof(E), sizeof(E), static_cast<std::size_t>(B),
-                            cudaMemcpyDeviceToHost),
-               "cudaMemcpy2D (semicrf_cumulative check)");
-    for (std::int64_t b = 0; b < B && bad < 0; ++b)
-      if (!std::isfinite(static_cast<double>(last[static_cast<std::size_t>(b)]))) bad = b;
   });
-  return bad;
+  const unsigned long long b = bad.get();
+  return b == ~0ull ? -1 : static_cast<std::int64_t>(b);
 }
 
 void semicrf_cumulative_backward(DType t, std::int64_t B, std::int64_t T, std::int64_t C, const void* dS,

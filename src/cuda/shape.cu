@@ -69,18 +69,6 @@ __global__ void bad_index_kernel(const std::int64_t* idx, std::int64_t n, std::i
     if (v < 0 || v >= len) atomicMin(first, static_cast<unsigned long long>(i));
   }
 }
-// 8 bytes from the caching pool of the current device, returned on scope exit
-struct Flag {
-  int dev = 0;
-  void* p = nullptr;
-  Flag() {
-    check_call(cudaGetDevice(&dev), "cudaGetDevice");
-    p = cuda_rt::allocate(dev, sizeof(unsigned long long));
-  }
-  ~Flag() { cuda_rt::deallocate(dev, p, sizeof(unsigned long long)); }
-  Flag(const Flag&) = delete;
-  Flag& operator=(const Flag&) = delete;
-};
 
 // ---- gather ----
 // y[(o * ni + j) * inner + i] = x[(o * len + index[j]) * inner + i]
@@ -174,14 +162,10 @@ void zero(void* p, std::size_t bytes) {
 
 std::int64_t first_bad_index(const std::int64_t* index, std::int64_t n, std::int64_t len, std::int64_t* value) {
   if (n == 0) return -1;
-  Flag flag;
-  auto* first = static_cast<unsigned long long*>(flag.p);
-  check_call(cudaMemsetAsync(first, 0xff, sizeof(unsigned long long), 0), "cudaMemsetAsync");
-  bad_index_kernel<<<grid_for(n, kThreads), kThreads>>>(index, n, len, first);
+  Flag first;  // ULLONG_MAX: none
+  bad_index_kernel<<<grid_for(n, kThreads), kThreads>>>(index, n, len, first.p);
   check_launch("index check");
-  unsigned long long at = 0;
-  // the default stream orders this copy after the kernel; it returns when done
-  check_call(cudaMemcpy(&at, first, sizeof at, cudaMemcpyDeviceToHost), "cudaMemcpy (index check)");
+  const unsigned long long at = first.get();  // the default stream orders the copy after the kernel
   if (at == ULLONG_MAX) return -1;
   check_call(cudaMemcpy(value, index + at, sizeof(std::int64_t), cudaMemcpyDeviceToHost), "cudaMemcpy (bad index)");
   return static_cast<std::int64_t>(at);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ad/error.hpp"
+#include "core/device.hpp"
 
 namespace ad::cuda_k {
 
@@ -36,5 +37,32 @@ template <class F> void for_each_index(F f, std::int64_t n, const char* what) {
   each_kernel<<<grid_for(n, kRowThreads), kRowThreads>>>(f, n);
   check_launch(what);
 }
+
+// A kernel's answer to the host (the first bad position, say): 8 bytes from
+// the caching pool of the current device, set to `init` (0xff bytes: all
+// ones) before any kernel of the default stream that follows, returned on
+// scope exit. One per call, so calls on several threads never share one.
+struct Flag {
+  int dev = 0;
+  unsigned long long* p = nullptr;
+  explicit Flag(int init_byte = 0xff) {
+    check_call(cudaGetDevice(&dev), "cudaGetDevice");
+    p = static_cast<unsigned long long*>(cuda_rt::allocate(dev, sizeof(unsigned long long)));
+    const cudaError_t e = cudaMemsetAsync(p, init_byte, sizeof(unsigned long long), 0);
+    if (e != cudaSuccess) {
+      cuda_rt::deallocate(dev, p, sizeof(unsigned long long));
+      check_call(e, "cudaMemsetAsync (flag)");
+    }
+  }
+  ~Flag() { cuda_rt::deallocate(dev, p, sizeof(unsigned long long)); }
+  Flag(const Flag&) = delete;
+  Flag& operator=(const Flag&) = delete;
+  // the value, once the kernels queued before on the default stream are done
+  unsigned long long get() const {
+    unsigned long long v = 0;
+    check_call(cudaMemcpy(&v, p, sizeof v, cudaMemcpyDeviceToHost), "cudaMemcpy (flag)");
+    return v;
+  }
+};
 
 }  // namespace ad::cuda_k
