@@ -1,7 +1,8 @@
 // Numbers on the examples' command lines: the whole argument as a decimal
 // whole number in range, or an ad::Error that names the flag and what it
 // takes ("--steps takes a whole number >= 1, got 'abc'"). The examples print
-// the message and exit with status 2, as for any usage error.
+// the message and exit with status 2, as for any usage error. And the
+// examples' last resort for an exception that reaches main (report_error).
 #pragma once
 
 #include <ad/ad.hpp>
@@ -9,7 +10,9 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <string>
 
 namespace args {
@@ -51,6 +54,14 @@ inline std::uint64_t flag_seed(const std::string& flag, const std::string& v) {
   std::uint64_t n = 0;
   if (whole_u64(v, n)) return n;
   throw ad::Error(fmt::format("{} takes a whole number from 0 to {}, got '{}'", flag, UINT64_MAX, v));
+}
+
+// "error: ..." on stderr for an exception that reached main (ad::Error, out
+// of host memory, anything else: never an abort); returns exit status 1.
+inline int report_error(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) std::fprintf(stderr, "error: out of host memory\n");
+  else std::fprintf(stderr, "error: %s\n", e.what());
+  return 1;
 }
 
 }  // namespace args

@@ -163,14 +163,7 @@ int main(int argc, char** argv) {
     }
     fmt::print("final test accuracy {:.2f}%\n", 100 * test_acc);
     return test_acc >= 0.95 ? 0 : 1;
-  } catch (const ad::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "error: out of host memory\n");
-    return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    return args::report_error(e);
   }
 }

@@ -257,14 +257,7 @@ int main(int argc, char** argv) {
     bool all_same = true;
     for (const Row& r : rows) all_same = all_same && (!r.error.empty() || same_bits(r, base));
     return all_same ? 0 : 1;
-  } catch (const ad::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "error: out of host memory\n");
-    return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    return args::report_error(e);
   }
 }

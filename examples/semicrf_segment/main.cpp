@@ -188,14 +188,7 @@ static int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const ad::Error& e) {  // e.g. memory for a --length too large
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of host memory\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+  } catch (const std::exception& e) {  // e.g. memory for a --length too large
+    return args::report_error(e);
   }
 }

@@ -421,15 +421,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: a step's measured peak differed from the predicted one\n");
       return 3;
     }
-  } catch (const ad::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of host memory\n");
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return args::report_error(e);
   }
   return 0;
 }
