@@ -39,6 +39,12 @@ enum class Backend { mpi, nccl };
 struct Options {
   // A collective that makes no progress for this long throws ad::Error
   // (a rank died, hangs, or stopped calling collectives). 0: wait forever.
+  // The communicator is broken from then on: every later collective on it
+  // throws at once, and waiting for work posted before (Work::wait, a Work
+  // dropped while unwinding) tests it once rather than waiting another
+  // timeout, so the error arrives after one timeout however many collectives
+  // were in flight. Buffers a broken transfer may still write are leaked,
+  // never freed. What is left is to report it and call Communicator::abort().
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   Backend backend = Backend::mpi;
   int device = -1;  // nccl: this rank's GPU; -1: local rank modulo the visible GPUs
@@ -62,13 +68,14 @@ class Communicator {
   // (Device::cuda(device())); with mpi, on the CPU.
   int device() const;
   // In place over all ranks. Every rank passes a tensor of the same shape and
-  // dtype (f32, f64 or i64; mean needs f32/f64). Checked before any data
-  // moves, for every collective: ranks that differ in shape, dtype, root or
-  // reduce op, or that call different collectives, all get an ad::Error
-  // naming the difference; an argument error one rank finds alone (mean on
-  // i64) is thrown there and, under MPI, every other rank learns at once
-  // that a call was invalid (with NCCL they reach the timeout). Blocking,
-  // with the timeout.
+  // dtype (f32, f64 or i64; mean needs f32/f64; with MPI at most 2^31-1
+  // elements). Checked before any data moves, for every collective (barrier
+  // included): ranks that differ in shape, dtype, root or reduce op, or that
+  // call different collectives, all get an ad::Error naming the difference,
+  // and their tensors are left as they were; an argument error one rank finds
+  // alone (mean on i64) is thrown there and, under MPI, every other rank
+  // learns at once that a call was invalid (with NCCL they reach the
+  // timeout). Blocking, with the timeout.
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum) const;
   // Root's values into t on every rank (same shape and dtype everywhere).
   void broadcast(Tensor& t, int root = 0) const;
@@ -79,11 +86,13 @@ class Communicator {
   void all_gather(const Tensor& in, Tensor& out) const;
   void barrier() const;
 
-  // Non-blocking all_reduce of t (sum, or mean applied at wait()). t must
-  // stay untouched until wait() returns. A Work destroyed or assigned over
-  // before wait() waits for its collective then (errors swallowed; should
-  // that wait fail, the tensor's buffer is kept alive, leaked, rather than
-  // freed under a transfer): call wait() to see its errors.
+  // Non-blocking all_reduce of t (sum, or mean: applied at wait() under MPI,
+  // queued after the collective under NCCL). t must stay untouched until
+  // wait() returns. A Work destroyed or assigned over before wait() waits for
+  // its collective then (errors swallowed; should that wait fail, the
+  // tensor's buffer is kept alive, leaked, rather than freed under a
+  // transfer; on a broken communicator it does not wait: Options::timeout):
+  // call wait() to see its errors.
   class Work {
    public:
     Work();

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "ad/dist.hpp"
@@ -23,15 +24,19 @@ std::string what(const Tensor& t) { return fmt::format("{}{}", dtype_name(t.dtyp
 
 void check_tensor(const Communicator::Impl& c, const char* op, const Tensor& t, bool need_float) {
   if (!t.defined()) throw Error(fmt::format("{}: undefined tensor", op));
-  if (c.nccl && !(t.device() == Device::cuda(c.device)))
+  if (c.uses_nccl() && !(t.device() == Device::cuda(c.device)))
     throw Error(fmt::format("{}: {} is not on cuda:{}, the GPU of this rank's NCCL communicator", op, what(t),
                             c.device));
-  if (!c.nccl && t.device().kind != DeviceKind::cpu)
+  if (!c.uses_nccl() && t.device().kind != DeviceKind::cpu)
     throw Error(fmt::format("{}: {} is on a GPU; the MPI backend moves CPU tensors (Options::backend = "
                             "Backend::nccl for GPU tensors)", op, what(t)));
   DType d = t.dtype();
   if (d != DType::f32 && d != DType::f64 && (need_float || d != DType::i64))
     throw Error(fmt::format("{}: dtype of {} not supported (f32, f64{})", op, what(t), need_float ? "" : ", i64"));
+  // MPI counts elements in an int (NCCL in a size_t)
+  if (c.mpi && !c.uses_nccl() && t.numel() > std::numeric_limits<int>::max())
+    throw Error(fmt::format("{}: {} has {} elements, more than MPI's count limit of 2^31-1 per call (split it)", op,
+                            what(t), t.numel()));
 }
 
 // The ad::Error that f throws, or "" (a collective's local argument checks:
@@ -77,18 +82,39 @@ MPI_Datatype mpi_type(DType d) {
   }
 }
 
-// Polls `req` until it completes; ad::Error after the timeout.
-void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, const std::string& detail) {
+// One MPI_Test of `req`: true when it has completed. A failed test breaks the
+// communicator (Impl::broken) and throws; on a broken communicator a request
+// still pending throws at once. Either way `keep`, the buffers the request may
+// still write, is kept alive for good (leaked) rather than freed under it.
+bool test_request(const Communicator::Impl& c, MPI_Request& req, const char* op, const std::vector<Tensor>& keep) {
+  int done = 0;
+  const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+  if (rc == MPI_SUCCESS && done) return true;
+  if (rc == MPI_SUCCESS && c.broken.empty()) return false;
+  if (!keep.empty()) (void)new std::vector<Tensor>(keep);  // leaked on purpose
+  if (rc != MPI_SUCCESS) {
+    std::string e = fmt::format("{}: MPI_Test failed ({}:{}): {}", op, __FILE__, __LINE__, mpi_error(rc));
+    if (c.broken.empty()) c.broken = e;
+    throw Error(e);
+  }
+  throw_broken(c, op);
+}
+
+// Polls `req` until it completes. After the timeout the communicator is broken
+// and ad::Error is thrown (keep: as test_request).
+void wait_for(const Communicator::Impl& c, MPI_Request& req, const char* op, const std::string& detail,
+              const std::vector<Tensor>& keep = {}) {
   auto t0 = std::chrono::steady_clock::now();
   int spins = 0;
   for (;;) {
-    int done = 0;
-    AD_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op);
-    if (done) return;
-    if (c.options.timeout.count() > 0 && std::chrono::steady_clock::now() - t0 > c.options.timeout)
-      throw Error(fmt::format("{}: no progress for {} ms on rank {} of {} ({}): a rank died, hangs or stopped "
-                              "calling collectives (dist::Options::timeout); end the job with Communicator::abort()",
-                              op, c.options.timeout.count(), c.rank, c.size, detail));
+    if (test_request(c, req, op, keep)) return;
+    if (c.options.timeout.count() > 0 && std::chrono::steady_clock::now() - t0 > c.options.timeout) {
+      if (!keep.empty()) (void)new std::vector<Tensor>(keep);  // leaked on purpose
+      c.broken = fmt::format("{}: no progress for {} ms on rank {} of {} ({}): a rank died, hangs or stopped "
+                             "calling collectives (dist::Options::timeout); end the job with Communicator::abort()",
+                             op, c.options.timeout.count(), c.rank, c.size, detail);
+      throw Error(c.broken);
+    }
     if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     else std::this_thread::yield();
   }
@@ -112,14 +138,15 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
   f[3] = shape.rank();
   for (int i = 0; i < shape.rank(); ++i) f[4 + i] = shape[i];
   f[F - 1] = local_error.empty() ? 0 : 1;
-  std::int64_t v[2 * F];
+  Tensor vt = Tensor::empty({2 * F}, DType::i64);  // a tensor: kept alive, should the wait fail
+  std::int64_t* v = vt.data<std::int64_t>();
   for (int i = 0; i < F; ++i) {
     v[i] = f[i];
     v[F + i] = -f[i];
   }
   MPI_Request req;
   AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, 2 * F, MPI_INT64_T, MPI_MAX, c.comm, &req), op);
-  wait_for(c, req, op, mine);
+  wait_for(c, req, op, mine, {vt});
   auto other = [&](int i) { return v[i] == f[i] ? -v[F + i] : v[i]; };  // a value another rank has
   // a call one rank found invalid by itself fails on every rank, now rather than at the timeout
   if (!local_error.empty()) throw Error(local_error);
@@ -205,7 +232,7 @@ Communicator Communicator::from_env(Options options) {
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 int Communicator::device() const { return impl_->device; }
-const char* Communicator::backend() const { return impl_->nccl ? "nccl" : impl_->mpi ? "mpi" : "local"; }
+const char* Communicator::backend() const { return impl_->uses_nccl() ? "nccl" : impl_->mpi ? "mpi" : "local"; }
 const Options& Communicator::options() const { return impl_->options; }
 std::int64_t Communicator::bytes_communicated() const { return impl_->bytes; }
 
@@ -214,6 +241,12 @@ void Communicator::abort(int code) const {
   if (impl_->mpi) MPI_Abort(impl_->comm, code);
 #endif
   std::_Exit(code);
+}
+
+void throw_broken(const Communicator::Impl& c, const char* op) {
+  throw Error(fmt::format("{}: not run on rank {} of {}: an earlier collective on this communicator timed out or "
+                          "failed, so it is broken (the first error: {})",
+                          op, c.rank, c.size, c.broken));
 }
 
 void Communicator::Work::Impl::finish() {
@@ -244,9 +277,12 @@ Communicator::Work& Communicator::Work::operator=(Work&& o) noexcept {
 }
 Communicator::Work::~Work() { settle(); }
 
+// The backend that posted the Work finishes it (NCCL applied the mean on the
+// GPU already; a communicator whose NCCL handle was aborted since is broken).
+// On a broken communicator a wait tests once and throws if still pending.
 void Communicator::Work::wait() {
   if (!impl_ || impl_->done) return;
-  if (impl_->c->nccl) return nccl_wait(*impl_);
+  if (impl_->nccl) return nccl_wait(*impl_);
 #if AD_HAVE_MPI
   wait_for(*impl_->c, impl_->req, "all_reduce", what(impl_->t));
 #endif
@@ -254,27 +290,28 @@ void Communicator::Work::wait() {
 }
 bool Communicator::Work::test() {
   if (!impl_ || impl_->done) return true;
-  if (impl_->c->nccl) return nccl_test(*impl_);
+  if (impl_->nccl) return nccl_test(*impl_);
 #if AD_HAVE_MPI
-  int flag = 0;
-  AD_MPI_CHECK(MPI_Test(&impl_->req, &flag, MPI_STATUS_IGNORE), "all_reduce");
-  if (!flag) return false;
+  if (!test_request(*impl_->c, impl_->req, "all_reduce", {})) return false;
 #endif
   impl_->finish();
   return true;
 }
 
 Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const {
+  if (!impl_->broken.empty()) throw_broken(*impl_, "all_reduce");
   t.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] { check_tensor(*impl_, "all_reduce", t, op == ReduceOp::mean); });
   if (!bad.empty() && !impl_->mpi) throw Error(bad);
+  // done stays true until the collective is posted: a call that fails its
+  // checks leaves t as it was (no mean applied when the Work is dropped)
   Work w;
   w.impl_ = std::make_unique<Work::Impl>();
   w.impl_->c = impl_.get();
   w.impl_->t = t;
   w.impl_->op = op;
-  w.impl_->done = false;
-  if (impl_->nccl) {
+  if (impl_->uses_nccl()) {
+    w.impl_->nccl = true;
     nccl_all_reduce(*impl_, *w.impl_, bad);
     return w;
   }
@@ -284,6 +321,7 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
     AD_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), MPI_SUM,
                                 impl_->comm, &w.impl_->req),
                  "all_reduce");
+    w.impl_->done = false;
     impl_->bytes += static_cast<std::int64_t>(t.nbytes());
     return w;
   }
@@ -295,13 +333,14 @@ Communicator::Work Communicator::all_reduce_async(Tensor& t, ReduceOp op) const 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) const { all_reduce_async(t, op).wait(); }
 
 void Communicator::broadcast(Tensor& t, int root) const {
+  if (!impl_->broken.empty()) throw_broken(*impl_, "broadcast");
   t.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "broadcast", t, false);
     if (root < 0 || root >= size()) throw Error(fmt::format("broadcast: root {} is not a rank of {}", root, size()));
   });
   if (!bad.empty() && !impl_->mpi) throw Error(bad);
-  if (impl_->nccl) return nccl_broadcast(*impl_, t, root, bad);
+  if (impl_->uses_nccl()) return nccl_broadcast(*impl_, t, root, bad);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
   check_same(*impl_, "broadcast", t.shape(), t.dtype(), root, what(t), bad);
@@ -309,11 +348,12 @@ void Communicator::broadcast(Tensor& t, int root) const {
   AD_MPI_CHECK(MPI_Ibcast(t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, impl_->comm, &req),
                "broadcast");
   impl_->bytes += static_cast<std::int64_t>(t.nbytes());
-  wait_for(*impl_, req, "broadcast", what(t));
+  wait_for(*impl_, req, "broadcast", what(t), {t});
 #endif
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) const {
+  if (!impl_->broken.empty()) throw_broken(*impl_, "reduce_scatter");
   out.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "reduce_scatter", in, op == ReduceOp::mean);
@@ -323,7 +363,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
                               size(), what(out)));
   });
   if (!bad.empty() && !impl_->mpi) throw Error(bad);
-  if (impl_->nccl) return nccl_reduce_scatter(*impl_, in, out, op, bad);
+  if (impl_->uses_nccl()) return nccl_reduce_scatter(*impl_, in, out, op, bad);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "reduce_scatter", in.shape(), in.dtype(), static_cast<std::int64_t>(op), what(in), bad);
@@ -332,7 +372,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
                                            MPI_SUM, impl_->comm, &req),
                  "reduce_scatter");
     impl_->bytes += static_cast<std::int64_t>(in.nbytes());
-    wait_for(*impl_, req, "reduce_scatter", what(in));
+    wait_for(*impl_, req, "reduce_scatter", what(in), {in, out});
     if (op == ReduceOp::mean) divide(out, size());
     return;
   }
@@ -341,6 +381,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) co
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) const {
+  if (!impl_->broken.empty()) throw_broken(*impl_, "all_gather");
   out.mark_modified();  // written through raw(): graphs with it as a leaf recompute
   const std::string bad = local_error([&] {
     check_tensor(*impl_, "all_gather", in, false);
@@ -350,7 +391,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
                               size(), what(in)));
   });
   if (!bad.empty() && !impl_->mpi) throw Error(bad);
-  if (impl_->nccl) return nccl_all_gather(*impl_, in, out, bad);
+  if (impl_->uses_nccl()) return nccl_all_gather(*impl_, in, out, bad);
 #if AD_HAVE_MPI
   if (impl_->mpi) {
     check_same(*impl_, "all_gather", in.shape(), in.dtype(), 0, what(in), bad);
@@ -359,7 +400,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
                                 static_cast<int>(in.numel()), mpi_type(in.dtype()), impl_->comm, &req),
                  "all_gather");
     impl_->bytes += static_cast<std::int64_t>(out.nbytes());
-    wait_for(*impl_, req, "all_gather", what(in));
+    wait_for(*impl_, req, "all_gather", what(in), {in, out});
     return;
   }
 #endif
@@ -367,7 +408,14 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) const {
 }
 
 void Communicator::barrier() const {
-  if (impl_->nccl) return nccl_barrier(*impl_);
+  if (!impl_->broken.empty()) throw_broken(*impl_, "barrier");
+#if AD_HAVE_MPI
+  // checked as the other collectives are: a rank in barrier() while another is
+  // in all_reduce() is an ad::Error on both (unchecked, MPI failed with
+  // MPI_ERR_TRUNCATE, fatal under Open MPI's default error handler)
+  if (impl_->mpi) check_same(*impl_, "barrier", Shape{}, DType::f32, 0, "no data");
+#endif
+  if (impl_->uses_nccl()) return nccl_barrier(*impl_);
 #if AD_HAVE_MPI
   if (!impl_->mpi) return;
   MPI_Request req;

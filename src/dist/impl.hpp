@@ -20,9 +20,16 @@ struct Communicator::Impl {
 #if AD_HAVE_MPI
   MPI_Comm comm = MPI_COMM_NULL;
 #endif
-  // NCCL (GPU tensors): the communicator (an ncclComm_t), this rank's GPU
+  // NCCL (GPU tensors): the communicator (an ncclComm_t; null once aborted), this rank's GPU
   void* nccl = nullptr;
   int device = -1;
+  // The first error of a collective that timed out (or whose transfer failed)
+  // on this communicator, "" while none has. Once set the communicator is
+  // broken: a later collective throws at once, and a wait for work posted
+  // before does not wait again (it tests once; a transfer still pending is
+  // then left to run into memory that is kept, never freed).
+  mutable std::string broken;
+  bool uses_nccl() const { return options.backend == Backend::nccl; }
   ~Impl();
 };
 
@@ -30,7 +37,8 @@ struct Communicator::Work::Impl {
   const Communicator::Impl* c = nullptr;
   Tensor t;
   ReduceOp op = ReduceOp::sum;
-  bool done = true;
+  bool done = true;   // false from when the collective is posted until it is waited for
+  bool nccl = false;  // posted by NCCL (the mean is applied on the GPU), else by MPI
 #if AD_HAVE_MPI
   MPI_Request req = MPI_REQUEST_NULL;
 #endif
@@ -38,6 +46,10 @@ struct Communicator::Work::Impl {
   void finish();          // MPI: applies the mean
   ~Impl();
 };
+
+// Throws the ad::Error of a collective `op` called, or waited for, on a broken
+// communicator (Impl::broken).
+[[noreturn]] void throw_broken(const Communicator::Impl& c, const char* op);
 
 #if AD_HAVE_MPI
 // Every rank passes `n` elements of dtype `d`, else ad::Error on every rank (MPI).
@@ -51,7 +63,8 @@ void check_same(const Communicator::Impl& c, const char* op, const Shape& shape,
 // the rest is never reached) ----
 void nccl_init(Communicator::Impl& c);  // picks the GPU, creates the communicator (id over MPI)
 // bad: this rank's own argument error ("" if none), shared with every rank
-// through the MPI check (check_same) when MPI runs the job, else thrown here
+// through the MPI check (check_same) when MPI runs the job, else thrown here.
+// nccl_all_reduce marks w not done once the collective is queued.
 void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w, const std::string& bad);
 void nccl_wait(Communicator::Work::Impl& w);
 bool nccl_test(Communicator::Work::Impl& w);

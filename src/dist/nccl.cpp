@@ -2,7 +2,8 @@
 // Collectives are queued on the device's default stream (where ad's kernels
 // run, so they are ordered with the step), followed by an event; waiting
 // polls the event and NCCL's asynchronous error against the timeout, and a
-// timeout aborts the NCCL communicator and throws ad::Error.
+// timeout or an asynchronous error aborts the NCCL communicator, marks the
+// communicator broken (Impl::broken) and throws ad::Error.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -71,24 +72,48 @@ void same_everywhere(const Communicator::Impl& c, const char* op, std::int64_t a
   if (!bad.empty()) throw Error(bad);
 }
 
-// Records an event after the queued work and waits for it against the timeout.
+// Aborts the NCCL communicator (its queued collectives end without
+// completing) and marks the communicator broken with `error`, if not yet.
+void abort_nccl(const Communicator::Impl& c, const std::string& error) {
+  if (c.nccl) {
+    ncclCommAbort(comm_of(c));
+    const_cast<Communicator::Impl&>(c).nccl = nullptr;
+  }
+  if (c.broken.empty()) c.broken = error;
+}
+
+// The event is still pending on a broken communicator: its collective will not
+// complete, so the NCCL communicator is aborted and the broken error thrown.
+[[noreturn]] void pending_on_broken(const Communicator::Impl& c, const char* op) {
+  abort_nccl(c, c.broken);
+  throw_broken(c, op);
+}
+
+// Waits for `ev` (recorded after the queued work) against the timeout. On a
+// broken communicator it queries once and does not wait.
 void wait_event(const Communicator::Impl& c, cudaEvent_t ev, const char* op, const std::string& detail) {
   auto t0 = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
     cudaError_t q = cudaEventQuery(ev);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) AD_CUDART_CHECK(q, op);
+    if (!c.broken.empty() || !c.nccl) pending_on_broken(c, op);
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_of(c), &async);
-    if (async != ncclSuccess)
-      throw Error(fmt::format("{}: NCCL reported {} on rank {} of {} ({})", op, ncclGetErrorString(async), c.rank,
-                              c.size, detail));
+    if (async != ncclSuccess) {
+      const std::string e = fmt::format("{}: NCCL reported {} on rank {} of {} ({}); the NCCL communicator was "
+                                        "aborted",
+                                        op, ncclGetErrorString(async), c.rank, c.size, detail);
+      abort_nccl(c, e);
+      throw Error(e);
+    }
     if (c.options.timeout.count() > 0 && std::chrono::steady_clock::now() - t0 > c.options.timeout) {
-      ncclCommAbort(comm_of(c));
-      const_cast<Communicator::Impl&>(c).nccl = nullptr;
-      throw Error(fmt::format("{}: no progress for {} ms on rank {} of {} ({}): a rank died, hangs or stopped "
-                              "calling collectives (dist::Options::timeout); the NCCL communicator was aborted",
-                              op, c.options.timeout.count(), c.rank, c.size, detail));
+      const std::string e = fmt::format("{}: no progress for {} ms on rank {} of {} ({}): a rank died, hangs or "
+                                        "stopped calling collectives (dist::Options::timeout); the NCCL communicator "
+                                        "was aborted",
+                                        op, c.options.timeout.count(), c.rank, c.size, detail);
+      abort_nccl(c, e);
+      throw Error(e);
     }
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     else std::this_thread::yield();
@@ -143,13 +168,14 @@ Communicator::Work::Impl::~Impl() {
 void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w, const std::string& bad) {
   same_everywhere(c, "all_reduce", static_cast<std::int64_t>(w.op), w.t, bad);
   OnDevice on(c.device);
+  cudaEvent_t ev;
+  AD_CUDART_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "all_reduce");
+  w.event = ev;  // destroyed with w
   AD_NCCL_CHECK(ncclAllReduce(w.t.raw(), w.t.raw(), static_cast<std::size_t>(w.t.numel()), nccl_type(w.t.dtype()),
                               ncclSum, comm_of(c), 0),
                 "all_reduce");
+  w.done = false;  // queued: from here w waits before its tensor may go
   if (w.op == ReduceOp::mean && c.size > 1) scale(w.t, c.size);
-  cudaEvent_t ev;
-  AD_CUDART_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "all_reduce");
-  w.event = ev;
   AD_CUDART_CHECK(cudaEventRecord(ev, 0), "all_reduce");
   c.bytes += static_cast<std::int64_t>(w.t.nbytes());
 }
@@ -159,7 +185,10 @@ void nccl_wait(Communicator::Work::Impl& w) {
 }
 bool nccl_test(Communicator::Work::Impl& w) {
   cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(w.event));
-  if (q == cudaErrorNotReady) return false;
+  if (q == cudaErrorNotReady) {
+    if (!w.c->broken.empty() || !w.c->nccl) pending_on_broken(*w.c, "all_reduce");
+    return false;
+  }
   AD_CUDART_CHECK(q, "all_reduce");
   w.done = true;
   return true;

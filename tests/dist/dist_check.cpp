@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,17 @@ void check(bool ok, const std::string& what, const ad::dist::Communicator& c) {
     fmt::print("rank {}: FAIL {}\n", c.rank(), what);
     ++failures;
   }
+}
+
+// f throws an ad::Error whose message holds `needle` (another message is printed)
+bool throws_with(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const ad::Error& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return true;
+    fmt::print("unexpected ad::Error: {}\n", e.what());
+  }
+  return false;
 }
 
 // ---- collectives: values every rank can predict ----
@@ -97,11 +109,49 @@ void collectives(const ad::dist::Communicator& c) {
           else c.all_reduce(six);
         }, "ranks call different collectives") || p == 1,
         "other collectives", c);
+  // barrier() is checked as the others are: one rank in all_reduce, the others in barrier (MPI failed
+  // with MPI_ERR_TRUNCATE before, and Open MPI's fatal handler ended the job)
+  ad::Tensor four = ad::Tensor::full({4}, r + 1.0, ad::DType::f64);
+  check(fails_with([&] {
+          if (r == 0) c.all_reduce(four);
+          else c.barrier();
+        }, "ranks call different collectives") || p == 1,
+        "all_reduce against barrier", c);
+  check(four.to_vector() == std::vector<double>(4, r + 1.0), "all_reduce against barrier leaves the tensor", c);
+  // a failed all_reduce(mean) leaves the tensor as it was (it was divided by the world size before)
+  ad::Tensor eights = ad::Tensor::full({r == 0 ? 3 : 4}, 8.0, ad::DType::f64);
+  check(fails_with([&] { c.all_reduce(eights, ad::dist::ReduceOp::mean); }, "ranks disagree") || p == 1,
+        "all_reduce(mean) of other shapes", c);
+  check(eights.to_vector() == std::vector<double>(static_cast<std::size_t>(eights.numel()), 8.0),
+        "a failed all_reduce(mean) leaves the tensor", c);
   // an argument error only one rank finds (mean on i64): every rank fails at once, and all go on
   ad::Tensor ints = ad::Tensor::zeros({4}, r == 0 ? ad::DType::i64 : ad::DType::f64);
   check(fails_with([&] { c.all_reduce(ints, ad::dist::ReduceOp::mean); },
                    r == 0 ? "dtype of i64[4] not supported" : "another rank's call was invalid"),
         "a local argument error fails every rank", c);
+  // more elements than MPI's int count: an ad::Error naming the collective and the tensor (was cast to int),
+  // on rank 0; the others learn that a call was invalid. 8 GiB of address space, never touched.
+  {
+    ad::Tensor huge, reserved = ad::Tensor::zeros({1}, ad::DType::f64);
+    if (r == 0) {
+      try {
+        huge = ad::Tensor::empty({std::int64_t{1} << 31}, ad::DType::f32);
+        reserved.fill(1.0);
+      } catch (const ad::Error&) {
+      }
+    }
+    c.broadcast(reserved, 0);
+    if (reserved.item() == 1.0) {
+      ad::Tensor small = ad::Tensor::zeros({4});
+      check(fails_with([&] { c.all_reduce(r == 0 ? huge : small); },
+                       r == 0 ? "all_reduce: f32[2147483648] has 2147483648 elements, more than MPI's count limit"
+                              : "another rank's call was invalid") ||
+                p == 1,
+            "a tensor over 2^31-1 elements", c);
+    } else if (r == 0) {
+      fmt::print("rank 0: skipped the 2^31-element check: 8 GiB of address space could not be reserved\n");
+    }
+  }
   c.barrier();
   // shape errors caught locally
   threw = false;
@@ -430,6 +480,66 @@ void kill_one(ad::dist::Communicator& c) {
   fmt::print("rank {}: FAIL no error although a rank died\n", c.rank());
 }
 
+// ---- a rank dies with collectives in flight: the error comes after one timeout ----
+// (before, each in-flight collective unwound waited a timeout of its own). how:
+// "work": both ranks post four async all-reduces of 8 MiB, then the last rank
+// dies; "dp": the last rank joins the first three of DataParallel::backward's
+// six buckets of 8 MiB, then dies. The survivor checks the error came within
+// 2.5 x the timeout and a later collective is refused at once (the
+// communicator is broken), then ends the job.
+void kill_inflight(const ad::dist::Communicator& c, const std::string& how) {
+  const int r = c.rank();
+  const bool dies = r == c.size() - 1;
+  const double timeout = std::chrono::duration<double>(c.options().timeout).count();
+  ad::Rng rng(11);
+  std::vector<ad::Parameter> ps;
+  for (int i = 0; i < 6; ++i)
+    ps.push_back(ad::Parameter::randn({1024, 1024}, rng, 0.03, ad::DType::f64, fmt::format("w{}", i)));
+  ad::dist::DataParallel dp(c, ps, /*bucket_bytes=*/8 << 20);  // one parameter a bucket
+  check(dp.buckets() == 6, "six buckets", c);
+  auto t0 = std::chrono::steady_clock::now();
+  auto since = [](auto t) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(); };
+  try {
+    std::vector<ad::Tensor> ts;
+    std::vector<ad::dist::Communicator::Work> ws;  // unwound (waited for) before the catch
+    if (how == "work") {
+      for (int k = 0; k < 4; ++k) {
+        ts.push_back(ad::Tensor::ones({1 << 20}, ad::DType::f64));
+        ws.push_back(c.all_reduce_async(ts.back()));
+      }
+      if (dies) std::raise(SIGKILL);
+      t0 = std::chrono::steady_clock::now();
+      for (auto& w : ws) w.wait();
+    } else {
+      if (dies) {  // DataParallel's first three buckets: f64[1024 * 1024 + 1] (gradient, flag), mean
+        for (int k = 0; k < 3; ++k) {
+          ts.push_back(ad::Tensor::zeros({(1 << 20) + 1}, ad::DType::f64));
+          ws.push_back(c.all_reduce_async(ts.back(), ad::dist::ReduceOp::mean));
+        }
+        std::raise(SIGKILL);
+      }
+      ad::Graph g;
+      ad::Var h = g.input(ad::Tensor::randn({4, 1024}, rng, ad::DType::f64));
+      for (const auto& q : ps) h = ad::tanh(ad::matmul(h, q));
+      ad::Var loss = ad::mean(ad::mul(h, h));
+      t0 = std::chrono::steady_clock::now();
+      dp.backward(loss);
+    }
+    fmt::print("rank {}: FAIL no error although a rank died\n", r);
+  } catch (const ad::Error& e) {
+    const double secs = since(t0);
+    auto t1 = std::chrono::steady_clock::now();
+    const bool refused = throws_with([&] { c.barrier(); }, "an earlier collective on this communicator timed out");
+    const double later = since(t1);
+    check(secs <= 2.5 * timeout, fmt::format("the error came after {:.1f} s, over 2.5 x the timeout", secs), c);
+    check(refused && later < timeout / 2, fmt::format("a later collective refused at once ({:.2f} s)", later), c);
+    fmt::print("rank {}: ad::Error after {:.1f} s (timeout {:.0f} s): {}\n", r, secs, timeout, e.what());
+    fmt::print("rank {}: kill_inflight {} {}\n", r, how, failures ? "FAILED" : "ok");
+    std::fflush(stdout);
+    c.abort(3);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -437,12 +547,14 @@ int main(int argc, char** argv) {
   try {
     ad::dist::Options opt;
     if (mode == "kill") opt.timeout = std::chrono::seconds(3);
+    if (mode == "kill_inflight") opt.timeout = std::chrono::seconds(2);
     auto c = ad::dist::Communicator::from_env(opt);
     if (mode == "collectives") collectives(c);
     else if (mode == "train")
       train(c, argc > 2 ? std::atoi(argv[2]) : 50, argc > 3 ? argv[3] : "keep_all", argc > 4 ? argv[4] : "sgd",
             argc > 5 ? argv[5] : "");
     else if (mode == "kill") kill_one(c);
+    else if (mode == "kill_inflight") kill_inflight(c, argc > 2 ? argv[2] : "work");
     else { fmt::print("unknown mode {}\n", mode); return 2; }
     c.barrier();
   } catch (const ad::Error& e) {

@@ -5,7 +5,10 @@
 # and checks what the mode promises:
 #   collectives | train ...: every rank prints "ok"; train runs twice and the
 #                            parameter hashes must match (bit-identical runs);
-#   kill: the surviving ranks print the timeout ad::Error and the job ends.
+#   kill: the surviving ranks print the timeout ad::Error and the job ends;
+#   kill_inflight work|dp: a rank dies with collectives in flight; the survivor
+#                          gets the timeout ad::Error within 2.5 x the timeout
+#                          (2 s) and reports ok (np 2).
 set -uo pipefail
 bin=$1 np=$2 mode=$3
 shift 3
@@ -34,6 +37,15 @@ case "$mode" in
     [ "$n" -ge 1 ] || { echo "FAIL: no rank reported the timeout error"; exit 1; }
     ! grep -q "FAIL" <<<"$out" || exit 1
     echo "PASS: $n surviving rank(s) failed with the timeout error"
+    ;;
+  kill_inflight)
+    out=$(launch "$@"); rc=$?
+    echo "$out"
+    [ $rc -ne 124 ] || { echo "FAIL: mpirun hung"; exit 1; }
+    ! grep -q "FAIL" <<<"$out" || exit 1
+    grep -q "ad::Error after .*no progress for 2000 ms" <<<"$out" || { echo "FAIL: no rank reported the timeout error"; exit 1; }
+    grep -q "kill_inflight $1 ok$" <<<"$out" || { echo "FAIL: the survivor did not report ok"; exit 1; }
+    echo "PASS: the survivor failed with the timeout error after one timeout, and the communicator refused more"
     ;;
   *)
     out=$(launch "$@"); rc=$?
