@@ -136,7 +136,13 @@ class Communicator {
 // all-reduce starts as soon as its last gradient has been accumulated, so
 // communication overlaps with the rest of backward (MPI progresses it each
 // time another gradient is ready). Any rematerialisation policy works
-// unchanged: the schedule is per rank.
+// unchanged: the schedule is per rank. Every rank passes the same number of
+// parameters (else ad::Error on every rank). A parameter given a tensor of
+// another shape, dtype or device after this was made (a bucket's sizes are
+// fixed then) makes backward() and all_reduce_gradients() throw ad::Error on
+// every rank, whether one rank or all changed it: it names the parameter,
+// was and is (on the ranks that changed it), and asks for a new
+// DataParallel; no gradient is written.
 class DataParallel {
  public:
   DataParallel(Communicator comm, std::vector<Parameter> params, std::int64_t bucket_bytes = 4 << 20);
@@ -153,9 +159,16 @@ class DataParallel {
     std::int64_t elems = 0;
     DType dtype = DType::f32;
   };
+  struct Held {  // a parameter as it was when this was made: its bucket slot's size and place
+    Shape shape;
+    DType dtype = DType::f32;
+    Device device;
+  };
   void build_buckets(std::int64_t bucket_bytes);
+  std::string changed(const char* where, std::size_t i) const;
   Communicator comm_;
   std::vector<Parameter> params_;
+  std::vector<Held> held_;
   std::vector<Bucket> buckets_;
 };
 
@@ -181,7 +194,14 @@ class DataParallel {
 // gathered from all ranks), and load_state() takes that format and keeps this
 // rank's part, so a run saved with one world size resumes on another.
 // Parameters hold no lower-precision copies in this engine (they are f32 or
-// f64), so there are no separate master weights.
+// f64), so there are no separate master weights. Every rank passes the same
+// number of parameters (else ad::Error on every rank). A parameter given a
+// tensor of another shape, dtype or device after this was made (the flat
+// layout is fixed then) makes backward()/reduce_gradients() and step() throw
+// ad::Error on every rank, whether one rank or all changed it, naming it and
+// asking for a new Zero1; no parameter is written (step() has stepped the
+// shards of the ranks where nothing changed: this Zero1 is done with), and
+// load_state() throws it on the ranks that changed it.
 class Zero1 {
  public:
   using MakeOptimizer = std::function<std::unique_ptr<nn::Optimizer>(nn::NamedParameters shard)>;
@@ -212,9 +232,14 @@ class Zero1 {
     std::int64_t lo, hi, at;
     Parameter p;
   };
-  void gather_parameters();
+  // all_gather of the segments, each rank's block followed by its `flag` (its
+  // first changed parameter + 1, 0 if none): returns the largest flag over the
+  // ranks, and writes the parameters only when it is 0
+  std::int64_t gather_parameters(std::int64_t flag);
+  std::string changed(const char* where, std::size_t i) const;  // "" or the error (see changed_parameter)
   Communicator comm_;
   nn::NamedParameters params_;
+  std::vector<Shape> shapes_;  // per parameter, when this was made (its part of the flat vector)
   DType dtype_ = DType::f32;
   Device device_ = Device::cpu();
   std::int64_t total_ = 0, shard_ = 0, begin_ = 0;  // N, S, r S

@@ -249,6 +249,21 @@ void throw_broken(const Communicator::Impl& c, const char* op) {
                           op, c.rank, c.size, c.broken));
 }
 
+// Every rank wraps the same number of parameters: over the ranks, size *
+// sum(n^2) == sum(n)^2 only when every n is the same (Cauchy-Schwarz).
+void check_same_count(const Communicator& c, const char* who, std::size_t n) {
+  const auto k = static_cast<std::int64_t>(n);
+  Tensor t = Tensor::empty({2}, DType::i64);
+  t.data<std::int64_t>()[0] = k;
+  t.data<std::int64_t>()[1] = k * k;
+  c.all_reduce(t);
+  const std::int64_t s = t.data<std::int64_t>()[0], s2 = t.data<std::int64_t>()[1];
+  if (c.size() * s2 != s * s)
+    throw Error(fmt::format("{}: ranks pass different numbers of parameters: rank {} passes {}, the mean over the {} "
+                            "ranks is {:.4g} (every rank must pass the same parameters)",
+                            who, c.rank(), n, c.size(), static_cast<double>(s) / c.size()));
+}
+
 void Communicator::Work::Impl::finish() {
   done = true;
   if (op == ReduceOp::mean && c->size > 1) divide(t, c->size);

@@ -50,6 +50,20 @@ struct Communicator::Work::Impl {
 // Throws the ad::Error of a collective `op` called, or waited for, on a broken
 // communicator (Impl::broken).
 [[noreturn]] void throw_broken(const Communicator::Impl& c, const char* op);
+// Every rank passes the same number `n` of parameters to `who` (DataParallel,
+// Zero1), else ad::Error on every rank. One all-reduce.
+void check_same_count(const Communicator& c, const char* who, std::size_t n);
+
+// A parameter of `who` (DataParallel, Zero1) given a tensor of another shape,
+// dtype or device after `who` was made: "" while `now` (its tensor) still
+// matches (shape, dtype, device), else the ad::Error message, naming the
+// parameter (`label`), both and what to do.
+std::string changed_parameter(const char* where, const char* who, const std::string& label, const Shape& shape,
+                              DType dtype, Device device, const Tensor& now);
+// The message on the ranks where that parameter did not change, when some
+// other rank's did.
+std::string changed_elsewhere(const char* where, const char* who, const std::string& label, const Shape& shape,
+                              DType dtype);
 
 #if AD_HAVE_MPI
 // Every rank passes `n` elements of dtype `d`, else ad::Error on every rank (MPI).

@@ -11,6 +11,7 @@
 #include "ad/dist.hpp"
 #include "core/device.hpp"
 #include "core/graph_impl.hpp"
+#include "dist/impl.hpp"
 #include "nn/named_index.hpp"
 
 namespace ad::dist {
@@ -73,7 +74,9 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
   }
   if (dtype_ != DType::f32 && dtype_ != DType::f64)
     throw Error(fmt::format("Zero1: parameters have dtype {}, not f32/f64", dtype_name(dtype_)));
+  check_same_count(comm_, "Zero1", params_.size());
   for (auto& np : params_) comm_.broadcast(np.second.value(), 0);
+  for (const auto& np : params_) shapes_.push_back(np.second.shape());
   const std::int64_t w = comm_.size();
   shard_ = (total_ + w - 1) / w;
   begin_ = shard_ * comm_.rank();
@@ -97,18 +100,33 @@ Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_o
   if (!opt_) throw Error("Zero1: make_optimizer returned no optimizer");
 }
 
+// "" while parameter i has the shape, dtype and device it had when this was
+// made (its part of the flat vector), else the error
+std::string Zero1::changed(const char* where, std::size_t i) const {
+  return changed_parameter(where, "Zero1", fmt::format("parameter \"{}\"", params_[i].first), shapes_[i], dtype_,
+                           device_, params_[i].second.value());
+}
+
 void Zero1::reduce_gradients() {
+  const char* where = "Zero1::reduce_gradients";
   // rank q's block of the flat buffer: its range of the flat gradient, then
   // one flag per parameter (1 where this rank's loss reached it); after the
-  // mean, a flag above 0 means some rank's loss reached that parameter
+  // mean, a flag above 0 means some rank's loss reached that parameter. A
+  // parameter given a tensor of another shape, dtype or device since this was
+  // made goes as zeros of its old size with the flag -world: the mean is
+  // negative on every rank, and every rank throws after the reduce (one rank
+  // throwing alone would leave the others waiting until the timeout).
   const std::int64_t w = comm_.size(), np = static_cast<std::int64_t>(params_.size()), blk = shard_ + np;
   Tensor flat = Tensor::zeros({blk * w}, dtype_).to(device_);
   std::vector<Tensor> grads;
+  std::vector<std::string> change(params_.size());
   Tensor flags = Tensor::zeros({np}, DType::f64);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i].second;
-    grads.push_back(p.grad().defined() ? p.grad() : Tensor::zeros(p.shape(), dtype_).to(device_));
-    flags.data<double>()[i] = p.has_fresh_grad() ? 1.0 : 0.0;
+    change[i] = changed(where, i);
+    const bool use = change[i].empty() && p.grad().defined();
+    grads.push_back(use ? p.grad() : Tensor::zeros(shapes_[i], dtype_).to(device_));
+    flags.data<double>()[i] = !change[i].empty() ? -static_cast<double>(w) : p.has_fresh_grad() ? 1.0 : 0.0;
   }
   flags = flags.to(dtype_).to(device_);
   for (std::int64_t q = 0; q < w; ++q) {
@@ -119,6 +137,12 @@ void Zero1::reduce_gradients() {
   Tensor mine = Tensor::empty({blk}, dtype_, device_);
   comm_.reduce_scatter(flat, mine, ReduceOp::mean);
   const std::vector<double> got = mine.view(shard_, Shape{np}).to_vector();
+  for (const std::string& e : change)
+    if (!e.empty()) throw Error(e);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (got[i] < 0)
+      throw Error(changed_elsewhere(where, "Zero1", fmt::format("parameter \"{}\"", params_[i].first), shapes_[i],
+                                    dtype_));
   for (std::size_t i = 0; i < params_.size(); ++i) reached_[i] = got[i] > 0;
   for (Segment& sg : segs_) {
     ParamState& s = *sg.p.state();
@@ -139,25 +163,51 @@ Report Zero1::backward(const Var& loss, const Policy& policy) {
   return r;
 }
 
-void Zero1::gather_parameters() {
-  const std::int64_t w = comm_.size();
-  Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
+std::int64_t Zero1::gather_parameters(std::int64_t flag) {
+  const std::int64_t w = comm_.size(), blk = shard_ + 1;
+  Tensor part = Tensor::zeros({blk}, dtype_).to(device_);
   for (const Segment& sg : segs_) part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(sg.p.value());
-  Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
+  part.view(shard_, Shape{1}).copy_from(Tensor::full({1}, static_cast<double>(flag), dtype_).to(device_));
+  Tensor flat = Tensor::empty({blk * w}, dtype_, device_);
   comm_.all_gather(part, flat);
-  copy_range(values(params_), 0, flat, false);
+  std::int64_t most = 0;
+  for (std::int64_t q = 0; q < w; ++q)
+    most = std::max(most, static_cast<std::int64_t>(flat.view(q * blk + shard_, Shape{1}).to(Device::cpu()).item()));
+  if (most > 0) return most;
+  const std::vector<Tensor> vs = values(params_);
+  for (std::int64_t q = 0; q < w; ++q) {
+    Tensor block = flat.view(q * blk, Shape{shard_});
+    copy_range(vs, q * shard_, block, false);
+  }
+  return 0;
 }
 
 void Zero1::step() {
-  // the segments start from the parameters as they are now: values written
-  // since the last step (loaded weights, a manual change) are not undone
-  for (Segment& sg : segs_)
-    sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
-  opt_->step();
-  // what the optimizer stepped: the segments with a fresh gradient, those of the reached parameters
-  // (cleared by zero_grad, as the gradients: a second step() before it steps them again, as unsharded)
-  for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
-  gather_parameters();
+  const char* where = "Zero1::step";
+  // a parameter given a tensor of another shape, dtype or device since this
+  // was made: this rank does not step, and tells the others in the all-gather,
+  // after which every rank throws and no parameter is written
+  std::string error;
+  std::int64_t flag = 0;
+  for (std::size_t i = 0; i < params_.size() && !flag; ++i)
+    if (!(error = changed(where, i)).empty()) flag = static_cast<std::int64_t>(i) + 1;
+  if (!flag) {
+    // the segments start from the parameters as they are now: values written
+    // since the last step (loaded weights, a manual change) are not undone
+    for (Segment& sg : segs_)
+      sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
+    opt_->step();
+    // what the optimizer stepped: the segments with a fresh gradient, those of the reached parameters
+    // (cleared by zero_grad, as the gradients: a second step() before it steps them again, as unsharded)
+    for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
+  }
+  const std::int64_t most = gather_parameters(flag);
+  if (flag) throw Error(error);
+  if (most > 0) {
+    const auto i = static_cast<std::size_t>(most - 1);
+    throw Error(changed_elsewhere(where, "Zero1", fmt::format("parameter \"{}\"", params_[i].first), shapes_[i],
+                                  dtype_));
+  }
 }
 
 void Zero1::zero_grad() const {
@@ -178,7 +228,7 @@ std::int64_t Zero1::unsharded_state_bytes() const {
 }
 std::int64_t Zero1::largest_parameter_bytes() const {
   std::int64_t m = 0;
-  for (const auto& np : params_) m = std::max(m, static_cast<std::int64_t>(np.second.value().nbytes()));
+  for (const Shape& s : shapes_) m = std::max(m, s.numel() * static_cast<std::int64_t>(dtype_size(dtype_)));
   return m;
 }
 
@@ -207,7 +257,7 @@ nn::NamedTensors Zero1::state() const {
     Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
     comm_.all_gather(part, flat);
     std::vector<Tensor> full;
-    for (const auto& np : params_) full.push_back(Tensor::empty(np.second.shape(), dtype_, device_));
+    for (const Shape& s : shapes_) full.push_back(Tensor::empty(s, dtype_, device_));
     copy_range(full, 0, flat, false);
     for (std::size_t i = 0; i < params_.size(); ++i) per[i].push_back(full[i]);
   }
@@ -237,9 +287,10 @@ void Zero1::load_state(const nn::NamedTensors& state) {
   const std::vector<std::string> slots = opt_->slot_names();
   std::vector<std::int64_t> steps(params_.size(), 0);
   std::vector<std::vector<const Tensor*>> slot_t(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (std::string e = changed(where, i); !e.empty()) throw Error(e);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::string& n = params_[i].first;
-    const Parameter& p = params_[i].second;
     known.insert(n + ".step");
     if (const Tensor* ps = index.find(n + ".step")) {
       steps[i] = step_of(*ps, n + ".step");
@@ -250,9 +301,9 @@ void Zero1::load_state(const nn::NamedTensors& state) {
       const Tensor* t = index.find(n + "." + sl);
       if (steps[i] > 0 && !t) throw Error(fmt::format("{}: \"{}.{}\" is missing", where, n, sl));
       if (steps[i] == 0 && t) throw Error(fmt::format("{}: \"{}.{}\" is present but \"{}.step\" is not", where, n, sl, n));
-      if (t && (t->shape() != p.shape() || t->dtype() != dtype_))
+      if (t && (t->shape() != shapes_[i] || t->dtype() != dtype_))
         throw Error(fmt::format("{}: \"{}.{}\" is {}{}, parameter is {}{}", where, n, sl, dtype_name(t->dtype()),
-                                t->shape().str(), dtype_name(dtype_), p.shape().str()));
+                                t->shape().str(), dtype_name(dtype_), shapes_[i].str()));
       slot_t[i].push_back(t);
     }
   }

@@ -267,6 +267,82 @@ void collectives(const ad::dist::Communicator& c) {
   fmt::print("rank {}: collectives {}\n", r, failures ? "FAILED" : "ok");
 }
 
+// ---- DataParallel and Zero1 misused: every rank gets an ad::Error, at once ----
+void changed(const ad::dist::Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const std::string here = "was given a tensor of another shape, dtype or device after this";
+  const std::string there = "was given a tensor of another shape, dtype or device on another rank";
+  auto sgd = [](ad::nn::NamedParameters s) {
+    ad::nn::SGDOptions so;
+    so.lr = 0.1;
+    return std::make_unique<ad::nn::SGD>(std::move(s), so);
+  };
+  // ranks that wrap different numbers of parameters (the same bytes in all: the broadcasts pair up)
+  {
+    std::vector<ad::Parameter> ps{ad::Parameter::zeros({2, 2}, ad::DType::f32, "a")};
+    if (r == 0) ps.push_back(ad::Parameter::zeros({2, 2}, ad::DType::f32, "b"));
+    check(throws_with([&] { ad::dist::DataParallel dp(c, ps); }, "ranks pass different numbers of parameters") ||
+              p == 1,
+          "DataParallel over different numbers of parameters", c);
+    ad::nn::NamedParameters named;
+    for (const auto& q : ps) named.emplace_back(q.name(), q);
+    check(throws_with([&] { ad::dist::Zero1 z(c, named, sgd); }, "ranks pass different numbers of parameters") ||
+              p == 1,
+          "Zero1 over different numbers of parameters", c);
+  }
+  // a parameter given a larger tensor after DataParallel was made (a heap overflow before): on every
+  // rank, then on one rank only (the others learn it from the bucket's flags, not from the timeout)
+  for (int who : {-1, p - 1}) {
+    ad::Parameter a = ad::Parameter::zeros({4}, ad::DType::f32, "a"), b = ad::Parameter::zeros({4}, ad::DType::f32, "b");
+    ad::dist::DataParallel dp(c, {a, b}, /*bucket_bytes=*/16);  // one bucket each
+    if (who < 0 || who == r) {
+      a.value() = ad::Tensor::ones({1 << 16});
+      a.zero_grad();
+    }
+    const bool mine = who < 0 || who == r;
+    ad::Graph g;
+    ad::Var loss = ad::add(ad::sum(g.param(a)), ad::mul_scalar(ad::sum(g.param(b)), r + 1.0));
+    check(throws_with([&] { dp.backward(loss); }, mine ? "it was f32[4], it is f32[65536] (make a new DataParallel"
+                                                       : there),
+          fmt::format("DataParallel::backward after a parameter grew on {}", who < 0 ? "every rank" : "one rank"), c);
+    check(b.grad().to_vector()[0] == r + 1.0, "no mean gradient written when DataParallel::backward fails", c);
+  }
+  // all_reduce_gradients (for a custom backward): the same, for a dtype changed on rank 0
+  {
+    ad::Parameter d = ad::Parameter::zeros({3}, ad::DType::f32, "d");
+    ad::dist::DataParallel dp(c, {d});
+    if (r == 0) d.value() = ad::Tensor::zeros({3}, ad::DType::f64);
+    check(throws_with([&] { dp.all_reduce_gradients(); }, r == 0 ? "it was f32[3], it is f64[3]" : there),
+          "DataParallel::all_reduce_gradients after a dtype changed on rank 0", c);
+  }
+  // the same under Zero1 (trained silently wrong before): in backward, and between backward and step
+  for (int who : {-1, p - 1}) {
+    ad::Parameter a = ad::Parameter::zeros({4}, ad::DType::f64, "a"), b = ad::Parameter::zeros({4}, ad::DType::f64, "b");
+    ad::dist::Zero1 z(c, ad::nn::NamedParameters{{"a", a}, {"b", b}}, sgd);
+    const bool mine = who < 0 || who == r;
+    if (mine) a.value() = ad::Tensor::zeros({6}, ad::DType::f64);
+    {
+      ad::Graph g;
+      check(throws_with([&] { z.backward(ad::add(ad::sum(g.param(a)), ad::sum(g.param(b)))); },
+                       mine ? "it was f64[4], it is f64[6] (make a new Zero1" : there),
+            fmt::format("Zero1::backward after a parameter grew on {}", who < 0 ? "every rank" : "one rank"), c);
+    }
+    ad::Parameter u = ad::Parameter::zeros({4}, ad::DType::f64, "u"), v = ad::Parameter::zeros({5}, ad::DType::f64, "v");
+    ad::dist::Zero1 z2(c, ad::nn::NamedParameters{{"u", u}, {"v", v}}, sgd);
+    ad::Graph g;
+    z2.backward(ad::add(ad::sum(g.param(u)), ad::sum(g.param(v))));
+    if (mine) v.value() = ad::Tensor::zeros({2}, ad::DType::f64);
+    check(throws_with([&] { z2.step(); }, mine ? "Zero1::step: parameter \"v\" was given" : there),
+          fmt::format("Zero1::step after a parameter shrank on {}", who < 0 ? "every rank" : "one rank"), c);
+    check(u.value().to_vector() == std::vector<double>(4, 0.0), "no parameter written when Zero1::step fails", c);
+  }
+  // and the communicator is still usable: these are argument errors, not failures
+  ad::Tensor one = ad::Tensor::ones({1}, ad::DType::f64);
+  c.all_reduce(one);
+  check(one.item() == p, "usable after the errors", c);
+  fmt::print("rank {}: changed parameters {}\n", r, failures ? "FAILED" : "ok");
+}
+
 // ---- data-parallel training ----
 constexpr std::int64_t kIn = 6, kHidden = 16, kOut = 3;
 
@@ -555,6 +631,7 @@ int main(int argc, char** argv) {
             argc > 5 ? argv[5] : "");
     else if (mode == "kill") kill_one(c);
     else if (mode == "kill_inflight") kill_inflight(c, argc > 2 ? argv[2] : "work");
+    else if (mode == "changed") changed(c);
     else { fmt::print("unknown mode {}\n", mode); return 2; }
     c.barrier();
   } catch (const ad::Error& e) {
