@@ -250,18 +250,25 @@ void throw_broken(const Communicator::Impl& c, const char* op) {
 }
 
 // Every rank wraps the same number of parameters: over the ranks, size *
-// sum(n^2) == sum(n)^2 only when every n is the same (Cauchy-Schwarz).
-void check_same_count(const Communicator& c, const char* who, std::size_t n) {
-  const auto k = static_cast<std::int64_t>(n);
+// sum(n^2) == sum(n)^2 only when every n is the same (Cauchy-Schwarz). A rank
+// whose own arguments are invalid (local_error) counts -1, so the others
+// fail too instead of waiting for its next collective; it throws its error.
+void check_same_count(const Communicator& c, const char* who, std::size_t n, const std::string& local_error) {
+  const std::int64_t k = local_error.empty() ? static_cast<std::int64_t>(n) : -1;
   Tensor t = Tensor::empty({2}, DType::i64);
   t.data<std::int64_t>()[0] = k;
   t.data<std::int64_t>()[1] = k * k;
-  c.all_reduce(t);
+  const bool gpu = std::string(c.backend()) == "nccl";  // NCCL moves tensors on its GPU only
+  Tensor d = gpu ? t.to(Device::cuda(c.device())) : t;
+  c.all_reduce(d);
+  if (gpu) t = d.to(Device::cpu());
+  if (!local_error.empty()) throw Error(local_error);
   const std::int64_t s = t.data<std::int64_t>()[0], s2 = t.data<std::int64_t>()[1];
   if (c.size() * s2 != s * s)
-    throw Error(fmt::format("{}: ranks pass different numbers of parameters: rank {} passes {}, the mean over the {} "
-                            "ranks is {:.4g} (every rank must pass the same parameters)",
-                            who, c.rank(), n, c.size(), static_cast<double>(s) / c.size()));
+    throw Error(fmt::format("{}: ranks pass different numbers of parameters, or another rank's arguments are "
+                            "invalid (its own error says why): rank {} passes {} (every rank must pass the same "
+                            "parameters)",
+                            who, c.rank(), n));
 }
 
 void Communicator::Work::Impl::finish() {

@@ -43,13 +43,15 @@ std::string changed_elsewhere(const char* where, const char* who, const std::str
 
 DataParallel::DataParallel(Communicator comm, std::vector<Parameter> params, std::int64_t bucket_bytes)
     : comm_(std::move(comm)) {
-  if (params.empty()) throw Error("DataParallel: no parameters");
+  // this rank's own argument errors go through the count check, so every rank fails, not this one alone
+  std::string bad;
+  if (params.empty()) bad = "DataParallel: no parameters";
   std::set<const ParamState*> held;  // a parameter listed twice (tied weights) is reduced once
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].defined()) throw Error(fmt::format("DataParallel: parameter {} is undefined", i));
-    if (held.insert(params[i].state()).second) params_.push_back(params[i]);
+  for (std::size_t i = 0; i < params.size() && bad.empty(); ++i) {
+    if (!params[i].defined()) bad = fmt::format("DataParallel: parameter {} is undefined", i);
+    else if (held.insert(params[i].state()).second) params_.push_back(params[i]);
   }
-  check_same_count(comm_, "DataParallel", params_.size());
+  check_same_count(comm_, "DataParallel", params_.size(), bad);
   for (auto& p : params_) comm_.broadcast(p.value(), 0);
   for (const auto& p : params_) held_.push_back({p.shape(), p.dtype(), p.value().device()});
   build_buckets(bucket_bytes);
@@ -153,8 +155,16 @@ Report DataParallel::backward(const Var& loss, const Policy& policy) {
     launch_ready();
   };
   Report r;
+  // with a changed parameter, backward itself may refuse its stale gradient on this rank alone: its error is
+  // dropped (the buckets go below with the flags, and every rank throws after the all-reduces)
+  const bool changed_here = std::any_of(change.begin(), change.end(), [](const std::string& e) { return !e.empty(); });
   try {
     r = ad::backward(loss, policy);
+  } catch (const Error&) {
+    if (!changed_here) {
+      g.on_grad_ready = nullptr;
+      throw;
+    }
   } catch (...) {
     g.on_grad_ready = nullptr;
     throw;
@@ -207,7 +217,13 @@ void DataParallel::all_reduce_gradients() {
     change[i] = changed(where, i);
     reached.data<double>()[i] = !change[i].empty() ? -comm_.size() : params_[i].has_fresh_grad() ? 1.0 : 0.0;
   }
-  comm_.all_reduce(reached, ReduceOp::sum);
+  if (std::string(comm_.backend()) == "nccl") {  // NCCL moves tensors on its GPU only
+    Tensor d = reached.to(Device::cuda(comm_.device()));
+    comm_.all_reduce(d, ReduceOp::sum);
+    reached = d.to(Device::cpu());
+  } else {
+    comm_.all_reduce(reached, ReduceOp::sum);
+  }
   for (const std::string& e : change)
     if (!e.empty()) throw Error(e);
   for (std::size_t i = 0; i < params_.size(); ++i)

@@ -52,7 +52,7 @@ struct Communicator::Work::Impl {
 [[noreturn]] void throw_broken(const Communicator::Impl& c, const char* op);
 // Every rank passes the same number `n` of parameters to `who` (DataParallel,
 // Zero1), else ad::Error on every rank. One all-reduce.
-void check_same_count(const Communicator& c, const char* who, std::size_t n);
+void check_same_count(const Communicator& c, const char* who, std::size_t n, const std::string& local_error = {});
 
 // A parameter of `who` (DataParallel, Zero1) given a tensor of another shape,
 // dtype or device after `who` was made: "" while `now` (its tensor) still

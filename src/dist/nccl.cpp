@@ -180,15 +180,16 @@ void nccl_all_reduce(const Communicator::Impl& c, Communicator::Work::Impl& w, c
   c.bytes += static_cast<std::int64_t>(w.t.nbytes());
 }
 void nccl_wait(Communicator::Work::Impl& w) {
+  // after an abort the queued NCCL kernels exit early and the event completes anyway: the tensor may hold a
+  // partial reduction, so work on a broken communicator is never reported done
+  if (!w.c->broken.empty() || !w.c->nccl) pending_on_broken(*w.c, "all_reduce");
   wait_event(*w.c, static_cast<cudaEvent_t>(w.event), "all_reduce", what(w.t));
   w.done = true;
 }
 bool nccl_test(Communicator::Work::Impl& w) {
+  if (!w.c->broken.empty() || !w.c->nccl) pending_on_broken(*w.c, "all_reduce");  // as nccl_wait
   cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(w.event));
-  if (q == cudaErrorNotReady) {
-    if (!w.c->broken.empty() || !w.c->nccl) pending_on_broken(*w.c, "all_reduce");
-    return false;
-  }
+  if (q == cudaErrorNotReady) return false;
   AD_CUDART_CHECK(q, "all_reduce");
   w.done = true;
   return true;

@@ -48,33 +48,39 @@ std::vector<Tensor> values(const nn::NamedParameters& ps) {
 
 Zero1::Zero1(Communicator comm, nn::NamedParameters params, MakeOptimizer make_optimizer)
     : comm_(std::move(comm)) {
-  std::set<const ParamState*> held;  // a parameter under two names (tied weights): one slice, its first name
-  for (auto& np : params)
-    if (!np.second.defined() || held.insert(np.second.state()).second) params_.push_back(std::move(np));
-  if (params_.empty()) throw Error("Zero1: no parameters");
-  dtype_ = params_[0].second.dtype();
-  device_ = params_[0].second.value().device();
-  for (const auto& [name, p] : params_) {
-    if (!p.defined()) throw Error(fmt::format("Zero1: parameter '{}' is undefined", name));
-    if (!(p.value().device() == device_))
-      throw Error(fmt::format("Zero1: parameters must share one device: '{}' is on {}, '{}' on {}", params_[0].first,
-                              device::name(device_), name, device::name(p.value().device())));
-    if (p.dtype() != dtype_)
-      throw Error(fmt::format("Zero1: parameters must share one dtype: '{}' is {}, '{}' is {}", params_[0].first,
-                              dtype_name(dtype_), name, dtype_name(p.dtype())));
-    total_ += p.value().numel();
+  // this rank's own argument errors go through the count check, so every rank fails, not this one alone
+  std::string bad;
+  try {
+    std::set<const ParamState*> held;  // a parameter under two names (tied weights): one slice, its first name
+    for (auto& np : params)
+      if (!np.second.defined() || held.insert(np.second.state()).second) params_.push_back(std::move(np));
+    if (params_.empty()) throw Error("Zero1: no parameters");
+    dtype_ = params_[0].second.dtype();
+    device_ = params_[0].second.value().device();
+    for (const auto& [name, p] : params_) {
+      if (!p.defined()) throw Error(fmt::format("Zero1: parameter '{}' is undefined", name));
+      if (!(p.value().device() == device_))
+        throw Error(fmt::format("Zero1: parameters must share one device: '{}' is on {}, '{}' on {}", params_[0].first,
+                                device::name(device_), name, device::name(p.value().device())));
+      if (p.dtype() != dtype_)
+        throw Error(fmt::format("Zero1: parameters must share one dtype: '{}' is {}, '{}' is {}", params_[0].first,
+                                dtype_name(dtype_), name, dtype_name(p.dtype())));
+      total_ += p.value().numel();
+    }
+    // what the optimizer's constructor would refuse, checked here on the whole list: on every rank
+    // alike (a rank whose range held the offending segment would fail alone, the others wait)
+    std::set<std::string> names;
+    for (const auto& np : params_) {
+      if (np.first.empty()) throw Error("Zero1: a parameter has an empty name");
+      if (!names.insert(np.first).second)
+        throw Error(fmt::format("Zero1: parameter name \"{}\" is repeated (two different parameters)", np.first));
+    }
+    if (dtype_ != DType::f32 && dtype_ != DType::f64)
+      throw Error(fmt::format("Zero1: parameters have dtype {}, not f32/f64", dtype_name(dtype_)));
+  } catch (const Error& e) {
+    bad = e.what();
   }
-  // what the optimizer's constructor would refuse, checked here on the whole list: on every rank
-  // alike (a rank whose range held the offending segment would fail alone, the others wait)
-  std::set<std::string> names;
-  for (const auto& np : params_) {
-    if (np.first.empty()) throw Error("Zero1: a parameter has an empty name");
-    if (!names.insert(np.first).second)
-      throw Error(fmt::format("Zero1: parameter name \"{}\" is repeated (two different parameters)", np.first));
-  }
-  if (dtype_ != DType::f32 && dtype_ != DType::f64)
-    throw Error(fmt::format("Zero1: parameters have dtype {}, not f32/f64", dtype_name(dtype_)));
-  check_same_count(comm_, "Zero1", params_.size());
+  check_same_count(comm_, "Zero1", params_.size(), bad);
   for (auto& np : params_) comm_.broadcast(np.second.value(), 0);
   for (const auto& np : params_) shapes_.push_back(np.second.shape());
   const std::int64_t w = comm_.size();
@@ -158,7 +164,16 @@ void Zero1::reduce_gradients() {
 }
 
 Report Zero1::backward(const Var& loss, const Policy& policy) {
-  Report r = ad::backward(loss, policy);
+  // with a changed parameter, backward itself may refuse its stale gradient on this rank alone: its error is
+  // dropped, and reduce_gradients fails every rank through the flags
+  bool changed_here = false;
+  for (std::size_t i = 0; i < params_.size(); ++i) changed_here = changed_here || !changed("Zero1::backward", i).empty();
+  Report r;
+  try {
+    r = ad::backward(loss, policy);
+  } catch (const Error&) {
+    if (!changed_here) throw;
+  }
   reduce_gradients();
   return r;
 }

@@ -290,6 +290,45 @@ void changed(const ad::dist::Communicator& c) {
               p == 1,
           "Zero1 over different numbers of parameters", c);
   }
+  // a rank whose own arguments are invalid (no parameters) fails, and so do the others, at once
+  {
+    std::vector<ad::Parameter> ps;
+    if (r != p - 1) ps.push_back(ad::Parameter::zeros({2}, ad::DType::f32, "a"));
+    check(throws_with([&] { ad::dist::DataParallel dp(c, ps); },
+                      r == p - 1 ? "DataParallel: no parameters" : "another rank's arguments are invalid"),
+          "DataParallel with no parameters on one rank", c);
+    ad::nn::NamedParameters named;
+    for (const auto& q : ps) named.emplace_back(q.name(), q);
+    check(throws_with([&] { ad::dist::Zero1 z(c, named, sgd); },
+                      r == p - 1 ? "Zero1: no parameters" : "another rank's arguments are invalid"),
+          "Zero1 with no parameters on one rank", c);
+  }
+  // a parameter changed on one rank that still holds its old gradient (no zero_grad): backward would refuse
+  // that gradient on this rank alone, leaving the others to time out; every rank gets the changed error
+  {
+    const bool mine = r == p - 1;
+    ad::Parameter a = ad::Parameter::zeros({4}, ad::DType::f32, "a");
+    ad::dist::DataParallel dp(c, {a});
+    {
+      ad::Graph g;
+      dp.backward(ad::sum(g.param(a)));
+    }
+    if (mine) a.value() = ad::Tensor::ones({8});
+    ad::Graph g;
+    check(throws_with([&] { dp.backward(ad::sum(g.param(a))); }, mine ? "it was f32[4], it is f32[8]" : there),
+          "DataParallel::backward after a parameter grew on one rank, its old gradient kept", c);
+    ad::Parameter z0 = ad::Parameter::zeros({4}, ad::DType::f64, "z0");
+    ad::dist::Zero1 z(c, ad::nn::NamedParameters{{"z0", z0}}, sgd);
+    {
+      ad::Graph h;
+      z.backward(ad::sum(h.param(z0)));
+      z.step();
+    }
+    if (mine) z0.value() = ad::Tensor::zeros({6}, ad::DType::f64);
+    ad::Graph h;
+    check(throws_with([&] { z.backward(ad::sum(h.param(z0))); }, mine ? "it was f64[4], it is f64[6]" : there),
+          "Zero1::backward after a parameter grew on one rank, its old gradient kept", c);
+  }
   // a parameter given a larger tensor after DataParallel was made (a heap overflow before): on every
   // rank, then on one rank only (the others learn it from the bucket's flags, not from the timeout)
   for (int who : {-1, p - 1}) {
