@@ -4,7 +4,7 @@
 // ratio against a naive reference that keeps the full α and β tables (small
 // sizes only). B = 1, fast path (Tr (C, C)).
 //
-//   bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--marginals]
+//   bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--marginals] [--padded]
 //                 [--threads N: time the kernels alone with N threads (no graph,
 //                  no memory / f64 / naive columns)]
 //                 [--flat: scores 0, transitions -20: every window flat, nothing skipped]
@@ -264,6 +264,47 @@ int marginals_accuracy(const std::vector<std::array<std::int64_t, 3>>& grid) {
   return 0;
 }
 
+// ---- --padded ----
+// A sequence of L real positions (N(0, 1) scores) padded to T = 2L with a
+// constant score, as a padded batch holds it: f32 marginals over the real
+// positions against f64's of the sequence alone, with S from
+// semicrf_cumulative(scores) (the shift is the mean over the padding too) and
+// from semicrf_cumulative(scores, L) (the real positions only).
+int padded_accuracy() {
+  std::printf("semicrf_marginals in f32, a sequence of L positions padded to T = 2L: max abs difference from f64 "
+              "on the sequence alone, B = 1\n\n");
+  std::printf("| L | K | C | padding score | S without L | S with L |\n|---|---|---|---|---|---|\n");
+  for (auto [L, K, C] : {std::array<std::int64_t, 3>{1000, 20, 4}, {10000, 100, 8}})
+    for (double pad : {0.0, -100.0, -1e4}) {
+      const std::int64_t T = 2 * L;
+      ad::Rng rng(7 + static_cast<std::uint64_t>(L));
+      const ad::Tensor real = ad::Tensor::randn({1, L, C}, rng, ad::DType::f64);
+      ad::Tensor padded = ad::Tensor::full({1, T, C}, pad, ad::DType::f64);
+      std::copy(real.data<double>(), real.data<double>() + L * C, padded.data<double>());
+      const ad::Tensor tr = ad::Tensor::randn({C, C}, rng, ad::DType::f64, 0, 0.5),
+                       d = ad::Tensor::randn({K, C}, rng, ad::DType::f64, 0, 0.5),
+                       p = ad::Tensor::randn({C}, rng, ad::DType::f64, 0, 0.5);
+      auto marginals = [&](const ad::Tensor& x, ad::DType t, bool with_lengths) {
+        ad::Graph g;
+        ad::Var lv = g.input(ad::Tensor::from(std::span<const std::int64_t>(std::vector<std::int64_t>{L}), {1}));
+        ad::Var s = with_lengths ? ad::semicrf_cumulative(g.input(x.to(t)), lv) : ad::semicrf_cumulative(g.input(x.to(t)));
+        return ad::eval(ad::semicrf_marginals(s, g.input(tr.to(t)), g.input(d.to(t)), g.input(p.to(t)), lv))
+            .to(ad::DType::f64)
+            .to_vector();
+      };
+      const std::vector<double> ref = marginals(real, ad::DType::f64, true);
+      double err[2] = {0, 0};
+      for (int w = 0; w < 2; ++w) {
+        const std::vector<double> m = marginals(padded, ad::DType::f32, w == 1);
+        for (std::int64_t i = 0; i < L * C; ++i)
+          err[w] = std::max(err[w], std::fabs(m[static_cast<std::size_t>(i)] - ref[static_cast<std::size_t>(i)]));
+      }
+      std::printf("| %lld | %lld | %lld | %g | %.3g | %.3g |\n", static_cast<long long>(L), static_cast<long long>(K),
+                  static_cast<long long>(C), pad, err[0], err[1]);
+    }
+  return 0;
+}
+
 // ---- --gpu ----
 // logZ and all four gradients of one sequence on device 0 (f32, fast path),
 // through the graph as a user runs them: forward time (logZ copied back),
@@ -330,7 +371,7 @@ int gpu_bench(std::int64_t T, std::int64_t K, std::int64_t C, bool json) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table row as it is measured, also into a pipe
-  bool quick = false, json = false, f64 = true, naive = true, gpu = false, marginals = false;
+  bool quick = false, json = false, f64 = true, naive = true, gpu = false, marginals = false, padded = false;
   int threads = 0;
   std::int64_t oT = 0, oK = 0, oC = 0;
   for (int i = 1; i < argc; ++i) {
@@ -342,17 +383,19 @@ int main(int argc, char** argv) {
     else if (a == "--flat") g_flat = true;
     else if (a == "--gpu") gpu = true;
     else if (a == "--marginals") marginals = true;
+    else if (a == "--padded") padded = true;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--only" && i + 1 < argc) {
       long long t, k, c;
       if (std::sscanf(argv[++i], "%lld,%lld,%lld", &t, &k, &c) != 3) { std::fprintf(stderr, "--only T,K,C\n"); return 2; }
       oT = t; oK = k; oC = c;
     } else {
-      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu] [--marginals]\n");
+      std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu] [--marginals] [--padded]\n");
       return 2;
     }
   }
   if (gpu) return oT ? gpu_bench(oT, oK, oC, json) : gpu_bench(400000, 3000, 24, json);
+  if (padded) return padded_accuracy();
   std::vector<std::array<std::int64_t, 3>> grid;
   if (oT) grid.push_back({oT, oK, oC});
   else if (quick) grid = {{10000, 100, 16}, {10000, 1000, 24}, {100000, 100, 24}};

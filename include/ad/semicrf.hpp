@@ -72,9 +72,10 @@ Var semicrf_cumulative(const Operand& scores);
 // included; its gradient is 0). Use it whenever sequences are padded: the
 // padding's scores would otherwise move m_b away from the real scores' mean
 // and make the sums drift, which costs f32 its accuracy: at T = 2,000,
-// L = 1,000, K = 20, C = 4 the f32 marginals were off f64's by 1.4e-3 with
-// padding scores of -100 and by 0.15 with -1e4 without the lengths, 1.3e-6
-// with them (tests/semicrf.cpp holds 2e-5).
+// L = 1,000, K = 20, C = 4 the f32 marginals were off f64's by 1.1e-3 with
+// padding scores of -100 and by 0.16 with -1e4 without the lengths, 1.1e-6
+// with them; at L = 10,000, K = 100, C = 8 by 0.86 and 3.7e-6
+// (bench_semicrf --padded, docs/benchmarks.md; tests/semicrf.cpp holds 2e-5).
 Var semicrf_cumulative(const Operand& scores, const Operand& L);
 
 // logZ (B) (dtype of S). Differentiable w.r.t. S, Tr, D and P (one backward
