@@ -122,3 +122,25 @@ TEST_CASE("edge: f64 converts to f16 and bf16 in one rounding (no double roundin
   }
   CHECK(wrong == 0);
 }
+
+TEST_CASE("edge: x / s divides (it multiplied by 1/s: one rounding more, and inf when 1/s overflows)") {
+  // 3 / 3 is 1 exactly; 3 * (1/3) is 1 - 2^-53 in f64. A tiny s: 1/s overflows f64 while x / s is finite.
+  Graph g;
+  const double tiny = 1e-310;  // subnormal: 1 / tiny = 1e310 > DBL_MAX
+  Var x = g.input(f64s({3.0, 1e-300, 7.0}, {3}));
+  auto y = eval(x / 3.0).to_vector();
+  CHECK(y[0] == 1.0);
+  CHECK(y[2] == 7.0 / 3.0);
+  auto z = eval(x / tiny).to_vector();
+  CHECK(z[1] == 1e-300 / tiny);
+  CHECK(std::isfinite(z[1]));
+  // the gradient of sum(x / s) is 1 / s, computed as a division too
+  auto d = eval(grad(sum(x / 3.0), {x})[0]).to_vector();
+  for (double v : d) CHECK(v == 1.0 / 3.0);
+  // f32: the division happens in the tensor's dtype, as div with a tensor does
+  Graph h;
+  Var xf = h.input(f64s({3.0, 10.0}, {2}).to(DType::f32));
+  auto yf = eval(xf / 3.0).to_vector();
+  CHECK(yf[0] == 1.0);
+  CHECK(yf[1] == static_cast<double>(10.0f / 3.0f));
+}

@@ -66,13 +66,16 @@ void elementwise(CaseList& c, Rng& rng) {
           [s](const std::vector<Var>& v) { return add_scalar(v[0], s); });
     c.add(OpId::mul_scalar, fmt::format("[2,3,4] * {}", s), {randn64({2, 3, 4}, rng)},
           [s](const std::vector<Var>& v) { return mul_scalar(v[0], s); });
+    c.add(OpId::div_scalar, fmt::format("[2,3] / {}", s), {randn64({2, 3}, rng)},
+          [s](const std::vector<Var>& v) { return div_scalar(v[0], s); });
     c.add(OpId::rsub_scalar, fmt::format("{} - [7]", s), {randn64({7}, rng)},
           [s](const std::vector<Var>& v) { return rsub_scalar(v[0], s); });
     c.add(OpId::rdiv_scalar, fmt::format("{} / [3,4]", s), {away_from_zero({3, 4}, rng, 0.5, 2.0)},
           [s](const std::vector<Var>& v) { return rdiv_scalar(v[0], s); });
   }
   c.add(OpId::add_scalar, "[1,5,1] + 3", {randn64({1, 5, 1}, rng)}, [](const std::vector<Var>& v) { return v[0] + 3.0; });
-  c.add(OpId::mul_scalar, "[7] / 4", {randn64({7}, rng)}, [](const std::vector<Var>& v) { return v[0] / 4.0; });
+  c.add(OpId::mul_scalar, "4 * [7]", {randn64({7}, rng)}, [](const std::vector<Var>& v) { return 4.0 * v[0]; });
+  c.add(OpId::div_scalar, "[7] / 4", {randn64({7}, rng)}, [](const std::vector<Var>& v) { return v[0] / 4.0; });
   c.add(OpId::rsub_scalar, "1 - [2,3,4]", {randn64({2, 3, 4}, rng)}, [](const std::vector<Var>& v) { return 1.0 - v[0]; });
   c.add(OpId::rdiv_scalar, "1 / [2,1,3]", {away_from_zero({2, 1, 3}, rng, 0.5, 2.0)},
         [](const std::vector<Var>& v) { return 1.0 / v[0]; });

@@ -23,6 +23,7 @@ Var pow(const Operand& a, const Operand& b);
 // ---- elementwise with a scalar ----
 Var add_scalar(const Operand& x, double s);   // x + s
 Var mul_scalar(const Operand& x, double s);   // x * s
+Var div_scalar(const Operand& x, double s);   // x / s (a division, not x * (1/s))
 Var rsub_scalar(const Operand& x, double s);  // s - x
 Var rdiv_scalar(const Operand& x, double s);  // s / x
 Var pow_scalar(const Operand& x, double p);   // x^p
@@ -139,9 +140,7 @@ inline Var operator-(const Var& a, double s) { return add_scalar(a, -s); }
 inline Var operator-(double s, const Var& a) { return rsub_scalar(a, s); }
 inline Var operator*(const Var& a, double s) { return mul_scalar(a, s); }
 inline Var operator*(double s, const Var& a) { return mul_scalar(a, s); }
-// a * (1/s): one rounding more than a division, and 1/s must be finite in a's
-// dtype (|s| below about 1e-308 in f64, 3e-39 in f32, gives inf: use div)
-inline Var operator/(const Var& a, double s) { return mul_scalar(a, 1.0 / s); }
+inline Var operator/(const Var& a, double s) { return div_scalar(a, s); }
 inline Var operator/(double s, const Var& a) { return rdiv_scalar(a, s); }
 
 }  // namespace ad

@@ -39,6 +39,7 @@ AD_PW_UNARY(Silu, math::silu(x))
 // ---- with a scalar ----
 AD_PW_SCALAR(AddScalar, x + static_cast<T>(s))
 AD_PW_SCALAR(MulScalar, x * static_cast<T>(s))
+AD_PW_SCALAR(DivScalar, x / static_cast<T>(s))
 AD_PW_SCALAR(RsubScalar, static_cast<T>(s) - x)
 AD_PW_SCALAR(RdivScalar, static_cast<T>(s) / x)
 AD_PW_SCALAR(PowScalar, s == 2.0 ? x * x : (s == 1.0 ? x : static_cast<T>(std::pow(x, static_cast<T>(s)))))
@@ -62,7 +63,7 @@ AD_PW_BINARY(First, ((void)b, a))  // broadcast_to: a copy of a, broadcast
 
 // The functors the CUDA backend instantiates (X-macro lists).
 #define AD_PW_UNARY_LIST(X) X(Neg) X(Exp) X(Log) X(Sqrt) X(Abs) X(Sign) X(Tanh) X(Sigmoid) X(Relu) X(Gelu) X(Silu) \
-  X(AddScalar) X(MulScalar) X(RsubScalar) X(RdivScalar) X(PowScalar)
+  X(AddScalar) X(MulScalar) X(DivScalar) X(RsubScalar) X(RdivScalar) X(PowScalar)
 #define AD_PW_BINARY_LIST(X) X(TanhBackward) X(SigmoidBackward) X(ReluBackward) X(GeluBackward) X(SiluBackward) \
   X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First)
 

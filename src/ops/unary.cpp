@@ -189,6 +189,17 @@ const OpDef op_def_mul_scalar{.name = "mul_scalar", .args = "x", .arity = 1, .in
                               .cpu = mul_scalar_cpu, .cuda = AD_CUDA_FN(mul_scalar_cuda), .backward = mul_scalar_bwd, .overwrites = 0b01};
 Var mul_scalar(const Operand& x, double s) { return un_s(OpId::mul_scalar, x, s); }
 
+// ---- div_scalar ----  x / s; d/dx = 1/s (the gradient divides too)
+void div_scalar_cpu(const KernelArgs& k) {
+  double s = k.attrs.scalar;
+  unary(k, "div_scalar", pw::DivScalar{s});
+}
+AD_CUDA_ONLY(void div_scalar_cuda(const KernelArgs& k) { unary_cuda(k, pw::DivScalar{k.attrs.scalar}); })
+void div_scalar_bwd(BackwardArgs& a) { a.grad[0] = div_scalar(a.dout, a.attrs.scalar); }
+const OpDef op_def_div_scalar{.name = "div_scalar", .args = "x", .arity = 1, .infer = infer_float1,
+                              .cpu = div_scalar_cpu, .cuda = AD_CUDA_FN(div_scalar_cuda), .backward = div_scalar_bwd, .overwrites = 0b01};
+Var div_scalar(const Operand& x, double s) { return un_s(OpId::div_scalar, x, s); }
+
 // ---- rsub_scalar ----  s - x; d/dx = -1
 void rsub_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
