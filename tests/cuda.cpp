@@ -128,40 +128,22 @@ TEST_CASE("cuda: asking for a GPU that is not there is a clear ad::Error") {
 }
 
 TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
-  // checked at graph build time from the metas: no GPU needed
-  Meta a{{2, 3}, DType::f32, Device::cpu()}, b{{2, 3}, DType::f32, Device::cuda(1)};
-  const Meta* in[] = {&a, &b};
-  Attrs at;
-  InferArgs args{op_def(OpId::add), in, at};
-  std::string msg;
-  try {
-    op_def(OpId::add).infer(args);
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  CHECK(msg.find("add") != std::string::npos);
-  CHECK(msg.find("different devices") != std::string::npos);
-  CHECK(msg.find("a f32[2,3]") != std::string::npos);
-  CHECK(msg.find("b f32[2,3]@cuda:1") != std::string::npos);
-  // indices too: a kernel reads them where it runs
-  Meta x{{5, 3}, DType::f32, Device::cuda(0)}, ids{{4}, DType::i64, Device::cpu()};
-  const Meta* gin[] = {&x, &ids};
-  InferArgs gargs{op_def(OpId::gather), gin, at};
-  msg.clear();
-  try {
-    op_def(OpId::gather).infer(gargs);
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  CHECK(msg.find("gather: inputs on different devices") != std::string::npos);
-  CHECK(msg.find("index i64[4]") != std::string::npos);
-  // and for every op when a node is built, whatever its own checks: lengths (semicrf, attention's
-  // key_lengths) and model parameters were once let through. A node that only claims cuda:0 (never run).
+  // checked for every op when a node is built (make_node), from the metas: no GPU needed. Nodes that only
+  // claim a GPU (never run). Model parameters, lengths (semicrf, attention's key_lengths) and indices were
+  // once let through by the ops' own checks.
   Graph g;
-  Node fake;
-  fake.op = OpId::input;
-  fake.meta = Meta{{2}, DType::i64, Device::cuda(0)};
-  Var gpu_lengths{&g.impl(), g.impl().add_node(fake)};
+  auto claim = [&g](Meta m) {
+    Node fake;
+    fake.op = OpId::input;
+    fake.meta = std::move(m);
+    return Var{&g.impl(), g.impl().add_node(fake)};
+  };
+  Var a = g.input(Tensor::zeros({2, 3})), b = claim(Meta{{2, 3}, DType::f32, Device::cuda(1)});
+  EXPECT_ERROR(add(a, b), "add", "inputs on different devices", "a f32[2,3]", "b f32[2,3]@cuda:1");
+  // indices too: a kernel reads them where it runs
+  Var x = claim(Meta{{5, 3}, DType::f32, Device::cuda(0)}), ids = g.input(Tensor::zeros({4}, DType::i64));
+  EXPECT_ERROR(gather(x, ids, 0), "gather: inputs on different devices", "index i64[4]");
+  Var gpu_lengths = claim(Meta{{2}, DType::i64, Device::cuda(0)});
   Var scores = g.input(Tensor::zeros({2, 4, 3}));
   EXPECT_ERROR(semicrf_cumulative(scores, gpu_lengths), "semicrf_cumulative", "inputs on different devices",
                "scores f32[2,4,3]", "L i64[2]@cuda:0");
@@ -169,6 +151,11 @@ TEST_CASE("cuda: inputs on different devices are an ad::Error naming both") {
   AttentionOptions opt;
   opt.key_lengths = gpu_lengths;
   EXPECT_ERROR(attention(q, q, q, opt), "attention", "inputs on different devices", "i64[2]@cuda:0");
+  // semiseparable: one coefficient on another device
+  Var xs = g.input(Tensor::zeros({1, 8, 2})), d = g.input(Tensor::zeros({8})), e = g.input(Tensor::zeros({7}));
+  Var u = g.input(Tensor::zeros({8, 2})), v = claim(Meta{{8, 2}, DType::f32, Device::cuda(0)});
+  EXPECT_ERROR(semiseparable_matvec(xs, d, e, e, u, v), "semiseparable_matvec", "inputs on different devices",
+               "f32[8,2]@cuda:0");
 }
 
 // Every op a graph can compute (one with a CPU kernel) has a CUDA kernel

@@ -285,14 +285,11 @@ void check_float_same(const InferArgs& a) {
     if (!is_compute_float(a[i].dtype))
       fail_shapes(a, fmt::format("{} must be f32 or f64, got {}", arg_name(a.def, i), dtype_name(a[i].dtype)));
     if (a[i].dtype != a[0].dtype) fail_shapes(a, "dtype mismatch");
-    if (!(a[i].device == a[0].device)) fail_shapes(a, "inputs on different devices");
   }
 }
 void check_index(const InferArgs& a, std::size_t i) {
   if (a[i].dtype != DType::i64)
     fail_shapes(a, fmt::format("{} must be i64 indices, got {}", arg_name(a.def, i), dtype_name(a[i].dtype)));
-  // a kernel reads the indices where it runs: on input 0's device
-  if (!(a[i].device == a[0].device)) fail_shapes(a, "inputs on different devices");
 }
 std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank) {
   if (axis < -rank || axis >= rank)

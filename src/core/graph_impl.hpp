@@ -223,9 +223,10 @@ Shape operand_shape(const char* op, const Operand& x);
 // Throws ad::Error "<op>: <what>: a f32[2,3] vs b f32[4]" (all inputs listed).
 [[noreturn]] void fail_shapes(const InferArgs& a, const std::string& what);
 [[noreturn]] void fail(const InferArgs& a, const std::string& what);
-// Inputs must be f32/f64 and share dtype and device (names them otherwise).
+// Inputs must be f32/f64 and share dtype (names them otherwise). Devices are
+// checked for every op in make_node, before infer.
 void check_float_same(const InferArgs& a);
-// Input i must be i64 indices on input 0's device.
+// Input i must be i64 indices.
 void check_index(const InferArgs& a, std::size_t i);
 // Normalises a possibly negative axis for rank r; throws naming the op.
 std::int64_t norm_axis(const InferArgs& a, std::int64_t axis, int rank);

@@ -45,8 +45,6 @@ SemisepShape check_semisep(const InferArgs& a, bool allow_low, std::size_t n = 6
   if (a.in.size() < n) fail_shapes(a, fmt::format("expects at least {} inputs, got {}", n, a.in.size()));
   const Meta& x = a[0];
   if (!is_compute_float(x.dtype)) fail_shapes(a, fmt::format("x must be f32 or f64, got {}", dtype_name(x.dtype)));
-  for (std::size_t i = 1; i < n; ++i)
-    if (!(a[i].device == x.device)) fail_shapes(a, "inputs on different devices");
   for (std::size_t i = 1; i <= 3; ++i)
     if (a[i].dtype != x.dtype) fail_shapes(a, "dtype mismatch: t_diag, t_upper and t_lower must have x's dtype");
   DType uv = a[4].dtype;
@@ -118,7 +116,6 @@ AD_CUDA_ONLY(cuda_k::SemisepDims gpu_dims(const char* op, const KernelArgs& k) {
 Meta infer_semiseparable_sums(const InferArgs& a) {
   const Meta &x = a[0], &v = a[1];
   if (!is_compute_float(x.dtype)) fail_shapes(a, fmt::format("x must be f32 or f64, got {}", dtype_name(x.dtype)));
-  if (!(v.device == x.device)) fail_shapes(a, "inputs on different devices");
   if (v.dtype != x.dtype && !(x.dtype == DType::f32 && low_precision(v.dtype)))
     fail_shapes(a, "dtype mismatch: v must have x's dtype, or be bf16/f16 when x is f32");
   if (x.shape.rank() != 3 || v.shape.rank() != 2 || v.shape[0] != x.shape[1])
