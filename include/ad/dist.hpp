@@ -1,6 +1,6 @@
 #pragma once
 // ad::dist — collectives over existing engines (MPI for CPU tensors; NCCL for
-// CUDA tensors once the CUDA backend lands) and data-parallel training on top.
+// CUDA tensors, Backend::nccl) and data-parallel training on top.
 //
 // Launch with the MPI launcher; every rank runs the same program:
 //   mpirun -np 4 ./train

@@ -123,7 +123,8 @@ Var dropout(const Operand& x, double p, Rng& rng);
 Var dropout(const Operand& x, double p, std::uint64_t seed, std::uint64_t offset);
 
 // ---- constants ----
-// A tensor of `shape` filled with `value`, in the graph of `like`.
+// A tensor of `shape` filled with `value`, in the graph of `like` and on its
+// device. Throws ad::Error for an i64 `value` that is not an integer it holds.
 Var full(const Var& like, const Shape& shape, double value, DType dtype);
 Var zeros_like(const Var& x);
 Var ones_like(const Var& x);

@@ -52,8 +52,12 @@ struct Policy {
   std::shared_ptr<PlanCache> cache;  // plans reused for graphs of the same structure
   std::string name() const;
   // This policy with activation compression to `storage` (f16 or bf16).
+  // Throws ad::Error for another dtype, a budget or optimal_chain policy, or
+  // one with offload.
   Policy compressed(DType storage) const;
   // This policy with host offload of its kept values (see `offload`).
+  // Throws ad::Error for a budget or optimal_chain policy, or one with
+  // compression.
   Policy offloaded() const;
 };
 
@@ -64,12 +68,12 @@ Policy keep_all();
 // such as attention's output, keeps the value it views); every other
 // forward value is freed after the forward pass and recomputed when needed.
 Policy manual();
-// Keeps every k-th forward node (k >= 1; k = 1 keeps all).
+// Keeps every k-th forward node (k >= 1, else ad::Error; k = 1 keeps all).
 Policy uniform(std::int64_t k);
 // Chen et al.: keeps every ceil(sqrt(n))-th of the n forward nodes.
 Policy sqrt_n();
 // Keeps the forward nodes for which keep(info) is true (JAX-style
-// checkpoint policies); see save_matmuls().
+// checkpoint policies); see save_matmuls(). An empty keep is an ad::Error.
 Policy selective(KeepFn keep);
 // The cheapest schedule (by recompute flops) the planner finds whose peak
 // fits in `bytes` (docs/design.md: a fixed candidate list, an exact tier on
@@ -79,12 +83,12 @@ Policy selective(KeepFn keep);
 // tier is not built when the list has a fit).
 // backward() throws ad::BudgetError (an ad::Error) stating the least peak it
 // can plan, and whether that is proven to be the minimum, when it cannot
-// fit. The measured peak never exceeds `bytes`.
+// fit. The measured peak never exceeds `bytes`. bytes < 0 is an ad::Error.
 Policy budget(std::int64_t bytes);
 // For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
 // Walther) with `slots` snapshots (counting the one holding the input);
-// executes the minimum number of forward steps. Throws ad::Error if the
-// graph is not a chain.
+// executes the minimum number of forward steps. Throws ad::Error for
+// slots < 1, and (from backward) if the graph is not a chain.
 Policy optimal_chain(std::int32_t slots);
 }  // namespace policy
 

@@ -26,9 +26,10 @@ namespace ad {
 // The full product on the CPU is two nodes: W = V^T x (B, r, D, a
 // semiseparable_sums node) and the product reading it, which its backward
 // reads again instead of passing over x and v once more.
-// Mixed precision: with x in f32, u and v may be stored as bf16 or f16 (both
-// the same); products and sums are formed in f32 (their gradients come back
-// cast to bf16/f16). Throws ad::Error (naming the op and the shapes) when the
+// Mixed precision (CPU only): with x in f32, u and v may be stored as bf16 or
+// f16 (both the same); products and sums are formed in f32 (their gradients
+// come back cast to bf16/f16). On a GPU, bf16/f16 u, v are an ad::Error when
+// the op runs. Throws ad::Error (naming the op and the shapes) when the
 // shapes or dtypes do not fit, or N < 1.
 Var semiseparable_matvec(const Operand& x, const Operand& t_diag, const Operand& t_upper, const Operand& t_lower,
                          const Operand& u, const Operand& v, bool causal = false);
@@ -154,7 +155,8 @@ class Hodlr {
 // position and sliced to the first N rows (N <= max_len). U and V do not
 // depend on the input; the input enters through W_in and the mixing is the
 // same for every channel. uv_dtype bf16/f16 casts U and V for the product
-// (mixed precision; gradients reach the f32 parameters through the cast);
+// (mixed precision, CPU only; gradients reach the f32 parameters through the
+// cast);
 // f32 or f64 uses them in their own dtype (make() sets it to `dtype`).
 struct SemiseparableMixer {
   Parameter t_diag, t_lower, u, v, w_in, w_out;

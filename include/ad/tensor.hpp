@@ -58,7 +58,8 @@ class Tensor {
   static Tensor from(std::span<const float> values, const Shape& shape);
   static Tensor from(std::span<const double> values, const Shape& shape);
   static Tensor from(std::span<const std::int64_t> values, const Shape& shape);
-  // Standard normal * stddev + mean, drawn from rng (consumes numel counters).
+  // Standard normal * stddev + mean, drawn from rng (Box-Muller: consumes
+  // 2 numel counters).
   static Tensor randn(const Shape& shape, Rng& rng, DType dtype = DType::f32, double mean = 0, double stddev = 1);
   // Uniform in (lo, hi], drawn from rng.
   static Tensor uniform(const Shape& shape, Rng& rng, DType dtype = DType::f32, double lo = 0, double hi = 1);

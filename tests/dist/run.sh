@@ -7,7 +7,7 @@
 #                            parameter hashes must match (bit-identical runs);
 #   kill: the surviving ranks print the timeout ad::Error and the job ends;
 #   kill_inflight work|dp: a rank dies with collectives in flight; the survivor
-#                          gets the timeout ad::Error within 2.5 x the timeout
+#                          gets the timeout ad::Error within 3 x the timeout
 #                          (2 s) and reports ok (np 2).
 set -uo pipefail
 bin=$1 np=$2 mode=$3

@@ -32,7 +32,8 @@ class MultiHeadAttention : public Module {
 // The block's sequence mixer: causal multi-head attention, or a learned
 // causal semiseparable matrix (ad::SemiseparableMixer: T + U V^T learned per
 // position, rank `mixer_rank`, at most `max_len` positions) — O(N) instead of
-// O(N^2) in the sequence length.
+// O(N^2) in the sequence length; causal only (causal = false with it is an
+// ad::Error).
 enum class Mixer : std::uint8_t { attention, semiseparable };
 
 struct TransformerBlockOptions {
