@@ -5,6 +5,10 @@
 # "// [snippet NAME]" and "// [end snippet]"; the block must equal them, less
 # the first line's indentation. usage: check-snippets.sh <repo-root> <doc.md>...
 set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 <repo-root> <doc.md>...  (e.g. $0 . README.md docs/training.md)" >&2
+  exit 2
+fi
 root=$1
 shift
 status=0 count=0

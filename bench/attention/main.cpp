@@ -19,6 +19,7 @@
 #include <cblas.h>
 
 #include <ad/ad.hpp>
+#include "../cli.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -259,12 +260,12 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true;
-    else if (a == "--threads" && i + 1 < argc) o.threads = std::atoi(argv[++i]);
-    else if (a == "--run-max" && i + 1 < argc) o.run_max = std::atoll(argv[++i]);
-    else if (a == "--n-max" && i + 1 < argc) o.n_max = std::atoll(argv[++i]);
-    else if (a == "--cap-mib" && i + 1 < argc) o.cap_mib = std::atoll(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) o.threads = bench_cli::whole_int(argc, argv, i, 0);
+    else if (a == "--run-max" && i + 1 < argc) o.run_max = bench_cli::whole(argc, argv, i, 1);
+    else if (a == "--n-max" && i + 1 < argc) o.n_max = bench_cli::whole(argc, argv, i, 1);
+    else if (a == "--cap-mib" && i + 1 < argc) o.cap_mib = bench_cli::whole(argc, argv, i, 1);
     else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
-    else if (a == "--n" && i + 1 < argc) o.n = std::atoll(argv[++i]);
+    else if (a == "--n" && i + 1 < argc) o.n = bench_cli::whole(argc, argv, i, 1);
     else if (a == "--no-composed") o.composed = false;
     else if (a == "--gpu") o.gpu = true;
     else {

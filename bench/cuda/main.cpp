@@ -13,6 +13,7 @@
 // CUDA backend) it says so and exits 0; scripts/gpu-check.sh runs it.
 //   bench_cuda [--reps k] [--quick]
 #include <ad/ad.hpp>
+#include "../cli.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    if (a == "--reps" && i + 1 < argc) reps = bench_cli::whole_int(argc, argv, i, 1);
     else if (a == "--quick") quick = true;
     else if (a == "--gpu") {  // accepted for symmetry with the other benchmarks: this one only runs on a GPU
     } else {

@@ -11,6 +11,7 @@
 //
 //   bench_nn [--n N] [--reps R] [--json] [--dir DIR]
 #include <ad/ad.hpp>
+#include "../cli.hpp"
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -54,8 +55,8 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string dir = "/tmp";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = bench_cli::whole(argc, argv, i, 1);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = bench_cli::whole_int(argc, argv, i, 1);
     else if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!std::strcmp(argv[i], "--json")) json = true;
     else { std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--json] [--dir DIR]\n", argv[0]); return 2; }

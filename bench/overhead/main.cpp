@@ -16,6 +16,7 @@
 // same OpenBLAS), LibTorch intra-op threads N, inter-op 1. Every figure is a
 // median over repetitions; ratios are taken between medians of this run.
 #include <ad/ad.hpp>
+#include "../cli.hpp"
 #include <cblas.h>
 
 #include <algorithm>
@@ -504,11 +505,11 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--threads" && i + 1 < argc) o.threads = std::atoi(argv[++i]);
-    else if (a == "--ops" && i + 1 < argc) o.ops = std::atoi(argv[++i]);
+    if (a == "--threads" && i + 1 < argc) o.threads = bench_cli::whole_int(argc, argv, i, 1);
+    else if (a == "--ops" && i + 1 < argc) o.ops = bench_cli::whole_int(argc, argv, i, 4);
     else if (a == "--only" && i + 1 < argc) o.only = argv[++i];
     else if (a == "--profile" && i + 1 < argc) o.profile = argv[++i];
-    else if (a == "--steps" && i + 1 < argc) o.steps = std::atoi(argv[++i]);
+    else if (a == "--steps" && i + 1 < argc) o.steps = bench_cli::whole_int(argc, argv, i, 1);
     else if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true;
     else if (a == "--no-torch") o.torch = false;

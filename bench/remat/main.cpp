@@ -13,6 +13,7 @@
 //
 //   bench_remat [--json] [--csv FILE] [--rounds N] [--quick] [--sections 12345]
 #include <ad/ad.hpp>
+#include "../cli.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -419,9 +420,9 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--json")) o.json = true;
     else if (!std::strcmp(argv[i], "--quick")) o.quick = true;
     else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) o.csv = argv[++i];
-    else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) o.rounds = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) o.rounds = bench_cli::whole_int(argc, argv, i, 1);
     else if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) o.sections = argv[++i];
-    else if (!std::strcmp(argv[i], "--max-states") && i + 1 < argc) o.max_states = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--max-states") && i + 1 < argc) o.max_states = static_cast<std::uint64_t>(bench_cli::whole(argc, argv, i, 1));
     else { usage(argv[0]); return 2; }
   }
   if (o.quick) o.rounds = std::min(o.rounds, 3);

@@ -22,6 +22,7 @@
 
 #include "ad/ad.hpp"
 #include "core/graph_impl.hpp"
+#include "../cli.hpp"
 #include "ops/semicrf_cpu.hpp"
 #include "ops/semicrf_gpu.hpp"
 
@@ -384,10 +385,14 @@ int main(int argc, char** argv) {
     else if (a == "--gpu") gpu = true;
     else if (a == "--marginals") marginals = true;
     else if (a == "--padded") padded = true;
-    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = bench_cli::whole_int(argc, argv, i, 0);
     else if (a == "--only" && i + 1 < argc) {
       long long t, k, c;
-      if (std::sscanf(argv[++i], "%lld,%lld,%lld", &t, &k, &c) != 3) { std::fprintf(stderr, "--only T,K,C\n"); return 2; }
+      char end = 0;
+      if (std::sscanf(argv[++i], "%lld,%lld,%lld%c", &t, &k, &c, &end) != 3 || t < 1 || k < 1 || c < 1) {
+        std::fprintf(stderr, "--only takes T,K,C, three whole numbers >= 1, got '%s'\n", argv[i]);
+        return 2;
+      }
       oT = t; oK = k; oC = c;
     } else {
       std::fprintf(stderr, "usage: bench_semicrf [--quick] [--only T,K,C] [--no-f64] [--no-naive] [--json] [--threads N] [--flat] [--gpu] [--marginals] [--padded]\n");

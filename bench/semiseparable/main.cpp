@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "../cli.hpp"
 #include "../gpu_time.hpp"
 #include "ops/parallel.hpp"
 #include "ops/semiseparable_cpu.hpp"
@@ -137,23 +138,34 @@ int main(int argc, char** argv) {
   int reps = 5, sweeps = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
+    auto num = [&](i64 lo, i64 hi) { return bench_cli::whole(argc, argv, i, lo, hi); };
     if (a == "--json") json = true;
     else if (a == "--accuracy") accuracy = true;
     else if (a == "--gpu") gpu = true;
     else if (a == "--gpu-profile") gpu = true, reps = -1;  // each kernel set once, for a profiler
-    else if (a == "--r") { r = next(); r_given = true; }
-    else if (a == "--d") D = next();
-    else if (a == "--b") B = next();
-    else if (a == "--min-log2") lo2 = next();
-    else if (a == "--max-log2") hi2 = next();
-    else if (a == "--dense-max") dense_max = next();
-    else if (a == "--reps") reps = static_cast<int>(next());
-    else if (a == "--sweeps") sweeps = static_cast<int>(next());
-    else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+    else if (a == "--r") { r = num(1, 4096); r_given = true; }
+    else if (a == "--d") D = num(1, 4096);
+    else if (a == "--b") B = num(1, 1 << 20);
+    else if (a == "--min-log2") lo2 = num(1, 30);
+    else if (a == "--max-log2") hi2 = num(1, 30);
+    else if (a == "--dense-max") dense_max = num(0, 1 << 20);
+    else if (a == "--reps") reps = static_cast<int>(num(1, 1 << 20));
+    else if (a == "--sweeps") sweeps = static_cast<int>(num(1, 1 << 20));
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--json] [--r R] [--d D] [--b B] [--min-log2 a] [--max-log2 b] [--dense-max N]\n"
+                   "       [--reps k] [--sweeps s] [--accuracy] [--gpu] [--gpu-profile]\n",
+                   argv[0]);
+      return 2;
+    }
   }
   if (accuracy) return accuracy_tables(json);
   if (gpu) return gpu_bench(i64{1} << hi2, r_given ? r : 22, D, B, reps);
+  if (lo2 > hi2) {
+    std::fprintf(stderr, "--min-log2 %lld is above --max-log2 %lld: no N to run\n", static_cast<long long>(lo2),
+                 static_cast<long long>(hi2));
+    return 2;
+  }
   ad::Rng rng(1);
   std::vector<Row> rows;
   for (int sweep = 0; sweep < sweeps; ++sweep)

@@ -126,7 +126,7 @@ Tensor Tensor::randn(const Shape& shape, Rng& rng, DType dtype, double mean, dou
 Tensor Tensor::uniform(const Shape& shape, Rng& rng, DType dtype, double lo, double hi) {
   check_float_draw("uniform", dtype);
   if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi)
-    throw Error(fmt::format("Tensor::uniform: needs finite lo <= hi, got [{}, {}) (shape {})", lo, hi, shape.str()));
+    throw Error(fmt::format("Tensor::uniform: needs finite lo <= hi, got lo = {}, hi = {} (shape {})", lo, hi, shape.str()));
   Tensor t = empty(shape, dtype);
   std::int64_t n = shape.numel();
   std::uint64_t base = rng.reserve(static_cast<std::uint64_t>(n));
