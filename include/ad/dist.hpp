@@ -199,9 +199,13 @@ class DataParallel {
 // tensor of another shape, dtype or device after this was made (the flat
 // layout is fixed then) makes backward()/reduce_gradients() and step() throw
 // ad::Error on every rank, whether one rank or all changed it, naming it and
-// asking for a new Zero1; no parameter is written (step() has stepped the
-// shards of the ranks where nothing changed: this Zero1 is done with), and
-// load_state() throws it on the ranks that changed it.
+// asking for a new Zero1; load_state() throws it on the ranks that changed it.
+// Every rank knows the outcome before anything of this Zero1 changes: no
+// parameter is written, no rank's optimizer shard is stepped (its moments and
+// step counts stay), no segment gradient is taken. (backward() has run
+// ad::backward first: what it accumulated into this rank's parameters'
+// gradients stays, as after a plain ad::backward; zero_grad() clears it.)
+// step() costs one all-gather of a flag per rank for this, before the step.
 class Zero1 {
  public:
   using MakeOptimizer = std::function<std::unique_ptr<nn::Optimizer>(nn::NamedParameters shard)>;
@@ -232,10 +236,11 @@ class Zero1 {
     std::int64_t lo, hi, at;
     Parameter p;
   };
-  // all_gather of the segments, each rank's block followed by its `flag` (its
-  // first changed parameter + 1, 0 if none): returns the largest flag over the
-  // ranks, and writes the parameters only when it is 0
-  std::int64_t gather_parameters(std::int64_t flag);
+  // all_gather of every rank's `flag` (its first changed parameter + 1, 0 if
+  // none): the largest over the ranks
+  std::int64_t changed_anywhere(std::int64_t flag) const;
+  // all_gather of the segments into the parameters on every rank
+  void gather_parameters();
   std::string changed(const char* where, std::size_t i) const;  // "" or the error (see changed_parameter)
   Communicator comm_;
   nn::NamedParameters params_;

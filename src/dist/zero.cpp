@@ -178,51 +178,51 @@ Report Zero1::backward(const Var& loss, const Policy& policy) {
   return r;
 }
 
-std::int64_t Zero1::gather_parameters(std::int64_t flag) {
-  const std::int64_t w = comm_.size(), blk = shard_ + 1;
-  Tensor part = Tensor::zeros({blk}, dtype_).to(device_);
-  for (const Segment& sg : segs_) part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(sg.p.value());
-  part.view(shard_, Shape{1}).copy_from(Tensor::full({1}, static_cast<double>(flag), dtype_).to(device_));
-  Tensor flat = Tensor::empty({blk * w}, dtype_, device_);
-  comm_.all_gather(part, flat);
+std::int64_t Zero1::changed_anywhere(std::int64_t flag) const {
+  const std::int64_t w = comm_.size();
+  Tensor mine = Tensor::full({1}, static_cast<double>(flag), dtype_).to(device_);
+  Tensor all = Tensor::empty({w}, dtype_, device_);
+  comm_.all_gather(mine, all);
   std::int64_t most = 0;
-  for (std::int64_t q = 0; q < w; ++q)
-    most = std::max(most, static_cast<std::int64_t>(flat.view(q * blk + shard_, Shape{1}).to(Device::cpu()).item()));
-  if (most > 0) return most;
-  const std::vector<Tensor> vs = values(params_);
-  for (std::int64_t q = 0; q < w; ++q) {
-    Tensor block = flat.view(q * blk, Shape{shard_});
-    copy_range(vs, q * shard_, block, false);
-  }
-  return 0;
+  for (double f : all.to(Device::cpu()).to_vector()) most = std::max(most, static_cast<std::int64_t>(f));
+  return most;
+}
+
+void Zero1::gather_parameters() {
+  const std::int64_t w = comm_.size();
+  Tensor part = Tensor::zeros({shard_}, dtype_).to(device_);
+  for (const Segment& sg : segs_) part.view(sg.at, Shape{sg.hi - sg.lo}).copy_from(sg.p.value());
+  Tensor flat = Tensor::empty({shard_ * w}, dtype_, device_);
+  comm_.all_gather(part, flat);
+  copy_range(values(params_), 0, flat, false);
 }
 
 void Zero1::step() {
   const char* where = "Zero1::step";
   // a parameter given a tensor of another shape, dtype or device since this
-  // was made: this rank does not step, and tells the others in the all-gather,
-  // after which every rank throws and no parameter is written
+  // was made, on any rank: every rank learns it from one small all-gather of
+  // the ranks' flags before any optimizer step, and throws with nothing
+  // changed (no shard stepped, no step counted, no parameter written)
   std::string error;
   std::int64_t flag = 0;
   for (std::size_t i = 0; i < params_.size() && !flag; ++i)
     if (!(error = changed(where, i)).empty()) flag = static_cast<std::int64_t>(i) + 1;
-  if (!flag) {
-    // the segments start from the parameters as they are now: values written
-    // since the last step (loaded weights, a manual change) are not undone
-    for (Segment& sg : segs_)
-      sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
-    opt_->step();
-    // what the optimizer stepped: the segments with a fresh gradient, those of the reached parameters
-    // (cleared by zero_grad, as the gradients: a second step() before it steps them again, as unsharded)
-    for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
-  }
-  const std::int64_t most = gather_parameters(flag);
+  const std::int64_t most = changed_anywhere(flag);
   if (flag) throw Error(error);
   if (most > 0) {
     const auto i = static_cast<std::size_t>(most - 1);
     throw Error(changed_elsewhere(where, "Zero1", fmt::format("parameter \"{}\"", params_[i].first), shapes_[i],
                                   dtype_));
   }
+  // the segments start from the parameters as they are now: values written
+  // since the last step (loaded weights, a manual change) are not undone
+  for (Segment& sg : segs_)
+    sg.p.value().copy_from(params_[sg.param].second.value().view(sg.lo, Shape{sg.hi - sg.lo}));
+  opt_->step();
+  // what the optimizer stepped: the segments with a fresh gradient, those of the reached parameters
+  // (cleared by zero_grad, as the gradients: a second step() before it steps them again, as unsharded)
+  for (std::size_t i = 0; i < params_.size(); ++i) steps_[i] += reached_[i];
+  gather_parameters();
 }
 
 void Zero1::zero_grad() const {

@@ -267,6 +267,77 @@ void collectives(const ad::dist::Communicator& c) {
   fmt::print("rank {}: collectives {}\n", r, failures ? "FAILED" : "ok");
 }
 
+// Zero1 refusing a step (or a backward) for a parameter one rank changed leaves every rank as it was:
+// no rank steps its shard (the ranks that had not changed it used to step theirs before they learnt of it,
+// their moments and step counts running ahead), so once the parameter has its old tensor back, the run
+// goes on as if nothing had been refused
+void zero1_refusal_keeps_state(const ad::dist::Communicator& c) {
+  const int p = c.size(), r = c.rank();
+  const bool mine = r == p - 1;
+  const std::string there = "was given a tensor of another shape, dtype or device on another rank";
+  auto adam = [](ad::nn::NamedParameters s) {
+    ad::nn::AdamOptions o;
+    o.lr = 0.1;
+    return std::make_unique<ad::nn::Adam>(std::move(s), o);
+  };
+  auto same_state = [](const ad::nn::NamedTensors& a, const ad::nn::NamedTensors& b) {
+    bool same = a.size() == b.size();
+    for (std::size_t k = 0; same && k < a.size(); ++k)
+      same = a[k].first == b[k].first &&
+             ad::bitwise_equal(a[k].second.to(ad::Device::cpu()), b[k].second.to(ad::Device::cpu()));
+    return same;
+  };
+  auto make = [](const char* n, std::int64_t size) {
+    ad::Rng rng(static_cast<std::uint64_t>(size));  // the same values on every rank, and in both runs
+    return ad::Parameter::randn({size}, rng, 1.0, ad::DType::f64, n);
+  };
+  // u^2 summed, plus v weighted by the rank (different gradients per rank); a run z that is refused and the
+  // same run zr that never is
+  ad::Parameter u = make("u", 5), v = make("v", 7), ur = make("u", 5), vr = make("v", 7);
+  ad::dist::Zero1 z(c, ad::nn::NamedParameters{{"u", u}, {"v", v}}, adam);
+  ad::dist::Zero1 zr(c, ad::nn::NamedParameters{{"u", ur}, {"v", vr}}, adam);
+  auto backward = [&](ad::dist::Zero1& zz, const ad::Parameter& a, const ad::Parameter& b) {
+    ad::Graph g;
+    ad::Var x = g.param(a);
+    zz.backward(ad::add(ad::sum(ad::mul(x, x)), ad::mul_scalar(ad::sum(g.param(b)), r + 1.0)));
+  };
+  for (int step = 0; step < 3; ++step) {
+    backward(zr, ur, vr);
+    zr.step();
+    zr.zero_grad();
+  }
+  backward(z, u, v);  // step 1 (moments and step counts away from their initial values)
+  z.step();
+  z.zero_grad();
+  const ad::Tensor kept = v.value();
+  // step 2: v changed on the last rank before backward
+  ad::nn::NamedTensors before = z.state();
+  if (mine) v.value() = ad::Tensor::zeros({3}, ad::DType::f64);
+  check(throws_with([&] { backward(z, u, v); }, mine ? "it was f64[7], it is f64[3]" : there),
+        "Zero1::backward after a parameter shrank on one rank (state check)", c);
+  check(same_state(before, z.state()), "Zero1: the optimizer state unchanged on every rank after a refused backward", c);
+  if (mine) v.value() = kept;
+  z.zero_grad();  // the gradients this rank's own backward accumulated into u and v
+  backward(z, u, v);
+  z.step();
+  z.zero_grad();
+  // step 3: v changed on the last rank between backward and step
+  backward(z, u, v);
+  before = z.state();
+  const std::vector<double> u_before = u.value().to_vector();
+  if (mine) v.value() = ad::Tensor::zeros({3}, ad::DType::f64);
+  check(throws_with([&] { z.step(); }, mine ? "Zero1::step: parameter \"v\" was given" : there),
+        "Zero1::step after a parameter shrank on one rank (state check)", c);
+  check(same_state(before, z.state()),
+        "Zero1: the optimizer state (moments, step counts) unchanged on every rank after a refused step", c);
+  check(u.value().to_vector() == u_before, "Zero1: no parameter written by a refused step", c);
+  if (mine) v.value() = kept;
+  z.step();  // the same step again, now accepted: the one the uninterrupted run took
+  check(same_state(z.state(), zr.state()), "Zero1: a refused step, retried, leaves the state of a run never refused", c);
+  check(ad::bitwise_equal(u.value(), ur.value()) && ad::bitwise_equal(v.value(), vr.value()),
+        "Zero1: a refused step, retried, leaves the parameters of a run never refused", c);
+}
+
 // ---- DataParallel and Zero1 misused: every rank gets an ad::Error, at once ----
 void changed(const ad::dist::Communicator& c) {
   const int p = c.size(), r = c.rank();
@@ -375,6 +446,7 @@ void changed(const ad::dist::Communicator& c) {
           fmt::format("Zero1::step after a parameter shrank on {}", who < 0 ? "every rank" : "one rank"), c);
     check(u.value().to_vector() == std::vector<double>(4, 0.0), "no parameter written when Zero1::step fails", c);
   }
+  zero1_refusal_keeps_state(c);
   // and the communicator is still usable: these are argument errors, not failures
   ad::Tensor one = ad::Tensor::ones({1}, ad::DType::f64);
   c.all_reduce(one);
