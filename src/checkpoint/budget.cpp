@@ -32,6 +32,9 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <queue>
+#include <set>
+#include <utility>
 
 #include "checkpoint/planner.hpp"
 
@@ -63,6 +66,7 @@ class Dtr {
       const Node& nd = p.g.node(id);
       base_[static_cast<std::size_t>(id)] = op_def(nd.op).view ? base_[static_cast<std::size_t>(nd.inputs[0])] : id;
     }
+    if (score_ == 0) make_classes();
   }
 
   std::optional<Schedule> run() {
@@ -96,38 +100,67 @@ class Dtr {
  private:
   bool is_view(std::int32_t id) const { return base_[static_cast<std::size_t>(id)] != id; }
 
+  // Makes v present, computing the absent values it needs first (depth
+  // first over its inputs, in their order), each input locked while its
+  // siblings are made; false when stuck or past a limit. An explicit stack of
+  // frames, not recursion: a chain of 10^5 nodes is a deep demand.
   bool ensure(std::int32_t v, std::vector<std::int32_t>& touched) {
-    auto u = static_cast<std::size_t>(v);
-    if (b_.present(v)) { last_[u] = ++clock_; return true; }
+    if (b_.present(v)) { touch(v); return true; }
     if (capped_ || over_cost_) return false;
-    const Node& nd = p_.g.node(v);
-    std::size_t locked = 0;
-    bool ok = true;
-    for (auto in : nd.inputs) {
-      if (!ensure(in, touched)) { ok = false; break; }
-      ++lock_[static_cast<std::size_t>(in)];
-      ++locked;
-    }
-    std::int64_t need = p_.bytes[u] + p_.ws[u];
-    while (ok && live_ + need > limit_) ok = evict_one();
-    if (ok) {
-      b_.compute(v);
-      touched.push_back(v);
-      // the limits hold inside one demand too: at a low level, recovering one
-      // evicted value can recompute (and evict) far more than the whole graph
-      if (max_steps_ && b_.s.steps.size() > max_steps_) capped_ = true;
-      if (b_.over_cap()) over_cost_ = true;
-      if (is_view(v)) ++view_refs_[static_cast<std::size_t>(base_[u])];
-      else live_ += p_.bytes[u];
-      // only forward values are evicted: recomputing a gradient value would replay the backward pass behind it
-      if (v <= p_.boundary && !p_.pinned[u] && !is_view(v) && p_.bytes[u] > 0 && slot_[u] < 0) {
-        slot_[u] = static_cast<std::int32_t>(evictable_.size());
-        evictable_.push_back(v);
+    frames_.clear();
+    frames_.push_back({v, 0});
+    bool ok = true;  // false once a demand below failed: every frame unwinds
+    while (!frames_.empty()) {
+      Frame& f = frames_.back();
+      const auto& ins = p_.g.node(f.v).inputs;
+      if (ok && f.next < ins.size()) {
+        const std::int32_t in = ins[f.next];
+        if (!b_.present(in)) {
+          if (capped_ || over_cost_) { ok = false; continue; }
+          frames_.push_back({in, 0});  // f is not used past this point
+          continue;
+        }
+        touch(in);
+        lock(in, +1);
+        ++f.next;
+        continue;
       }
-      last_[u] = ++clock_;
+      // every input present and locked (or a failure below): compute f.v
+      const std::int32_t w = f.v;
+      const std::size_t locked = f.next;
+      if (ok) ok = compute(w, touched);
+      for (std::size_t i = 0; i < locked; ++i) lock(ins[i], -1);
+      frames_.pop_back();
+      if (ok && !frames_.empty()) {  // the parent's input is present now: lock it, go on to the next
+        lock(w, +1);
+        ++frames_.back().next;
+      }
     }
-    for (std::size_t i = 0; i < locked; ++i) --lock_[static_cast<std::size_t>(nd.inputs[i])];
     return ok;
+  }
+
+  // Computes v (its inputs present and locked), evicting what it must to fit.
+  bool compute(std::int32_t v, std::vector<std::int32_t>& touched) {
+    auto u = static_cast<std::size_t>(v);
+    std::int64_t need = p_.bytes[u] + p_.ws[u];
+    while (live_ + need > limit_)
+      if (!evict_one()) return false;
+    b_.compute(v);
+    touched.push_back(v);
+    // the limits hold inside one demand too: at a low level, recovering one
+    // evicted value can recompute (and evict) far more than the whole graph
+    if (max_steps_ && b_.s.steps.size() > max_steps_) capped_ = true;
+    if (b_.over_cap()) over_cost_ = true;
+    if (is_view(v)) view_ref(base_[u], +1);
+    else live_ += p_.bytes[u];
+    // only forward values are evicted: recomputing a gradient value would replay the backward pass behind it
+    if (v <= p_.boundary && !p_.pinned[u] && !is_view(v) && p_.bytes[u] > 0 && slot_[u] < 0) {
+      slot_[u] = static_cast<std::int32_t>(evictable_.size());
+      evictable_.push_back(v);
+    }
+    last_[u] = ++clock_;
+    sync(v);
+    return true;
   }
 
   void release(std::int32_t v) {
@@ -139,8 +172,9 @@ class Dtr {
       slot_[static_cast<std::size_t>(last)] = slot_[u];
       evictable_.pop_back();
       slot_[u] = -1;
+      sync(v);
     }
-    if (is_view(v)) --view_refs_[static_cast<std::size_t>(base_[u])];
+    if (is_view(v)) view_ref(base_[u], -1);
     else live_ -= p_.bytes[u];
   }
 
@@ -150,17 +184,112 @@ class Dtr {
   bool evict_one() {
     std::int32_t best = -1;
     double best_h = 0;
-    for (auto id : evictable_) {
-      auto u = static_cast<std::size_t>(id);
-      if (lock_[u] || view_refs_[u]) continue;
-      double stale = (score_ & 1) ? 1.0 : static_cast<double>(clock_ - last_[u] + 1);
-      double cost = (score_ & 2) ? chain_cost(id) : p_.flops[u];
-      double h = (cost + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
+    auto consider = [&](std::int32_t id, double h) {
       if (best < 0 || h < best_h || (h == best_h && id < best)) { best = id; best_h = h; }
+    };
+    if (score_ == 0) {
+      // the same choice as the scan below, without looking at every value: in
+      // a class (equal flops and bytes) h only grows with last_, so a class's
+      // least h is at the front of its least-recently-used list (ties: the
+      // equal front run, lowest id); the classes are few in a model of
+      // repeated layers, where the scan made a long chain's plan quadratic
+      for (auto c : live_classes_) {
+        const auto& set = cls_[static_cast<std::size_t>(c)].set;
+        double front_h = 0;
+        for (auto it = set.begin(); it != set.end(); ++it) {
+          double h = heuristic(it->second);
+          if (it != set.begin() && h != front_h) break;  // past the class's least h
+          front_h = h;
+          consider(it->second, h);
+        }
+      }
+    } else {
+      for (auto id : evictable_) {
+        auto u = static_cast<std::size_t>(id);
+        if (lock_[u] || view_refs_[u]) continue;
+        consider(id, heuristic(id));
+      }
     }
     if (best < 0) return false;
     release(best);
     return true;
+  }
+
+  // DTR's score: recompute cost / (bytes x staleness), lowest evicted first
+  double heuristic(std::int32_t id) {
+    auto u = static_cast<std::size_t>(id);
+    double stale = (score_ & 1) ? 1.0 : static_cast<double>(clock_ - last_[u] + 1);
+    double cost = (score_ & 2) ? chain_cost(id) : p_.flops[u];
+    return (cost + 1.0) / (static_cast<double>(p_.bytes[u]) * stale);
+  }
+
+  // ---- score 0: the values evict_one may take, per class ----
+  // The forward values that may be evicted, grouped by (flops, bytes); each
+  // class holds, ordered by (last_, id), its values that are evictable now:
+  // present, not locked by the demand in progress, no view of them present.
+  void make_classes() {
+    auto n = static_cast<std::size_t>(p_.hi + 1);
+    cls_of_.assign(n, -1);
+    in_set_.assign(n, 0);
+    std::vector<std::int32_t> ids;
+    for (std::int32_t id = 0; id <= p_.boundary; ++id)
+      if (!is_view(id) && p_.bytes[static_cast<std::size_t>(id)] > 0) ids.push_back(id);
+    auto key_less = [&](std::int32_t a, std::int32_t b) {
+      auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+      if (p_.flops[ua] != p_.flops[ub]) return p_.flops[ua] < p_.flops[ub];
+      return p_.bytes[ua] < p_.bytes[ub];
+    };
+    std::stable_sort(ids.begin(), ids.end(), key_less);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (i == 0 || key_less(ids[i - 1], ids[i])) cls_.emplace_back();
+      cls_of_[static_cast<std::size_t>(ids[i])] = static_cast<std::int32_t>(cls_.size() - 1);
+    }
+  }
+  // Puts v in its class's set, or takes it out, as its state now says.
+  void sync(std::int32_t v) {
+    if (score_ != 0) return;
+    auto u = static_cast<std::size_t>(v);
+    const bool want = slot_[u] >= 0 && !lock_[u] && !view_refs_[u];
+    if (want == static_cast<bool>(in_set_[u])) return;
+    const std::int32_t ci = cls_of_[u];
+    Class& c = cls_[static_cast<std::size_t>(ci)];
+    if (want) {
+      if (c.set.empty()) {
+        c.live_at = static_cast<std::int32_t>(live_classes_.size());
+        live_classes_.push_back(ci);
+      }
+      c.set.emplace(last_[u], v);
+    } else {
+      c.set.erase({last_[u], v});
+      if (c.set.empty()) {  // out of the list of classes with an evictable value
+        auto last = live_classes_.back();
+        live_classes_[static_cast<std::size_t>(c.live_at)] = last;
+        cls_[static_cast<std::size_t>(last)].live_at = c.live_at;
+        live_classes_.pop_back();
+        c.live_at = -1;
+      }
+    }
+    in_set_[u] = want;
+  }
+  void lock(std::int32_t v, int by) {
+    lock_[static_cast<std::size_t>(v)] += by;
+    sync(v);
+  }
+  void view_ref(std::int32_t v, int by) {
+    view_refs_[static_cast<std::size_t>(v)] += by;
+    sync(v);
+  }
+  // v, present, was used: its last_ moves to the clock (and its set place with it)
+  void touch(std::int32_t v) {
+    auto u = static_cast<std::size_t>(v);
+    if (score_ == 0 && in_set_[u]) {
+      auto& set = cls_[static_cast<std::size_t>(cls_of_[u])].set;
+      set.erase({last_[u], v});
+      last_[u] = ++clock_;
+      set.emplace(last_[u], v);
+    } else {
+      last_[u] = ++clock_;
+    }
   }
 
   // flops of recomputing id and the absent values it needs (DTR's evicted
@@ -198,6 +327,19 @@ class Dtr {
   std::vector<std::int64_t> seen_ = std::vector<std::int64_t>(static_cast<std::size_t>(p_.hi + 1), 0);
   std::vector<std::int32_t> stack_;
   std::int64_t mark_ = 0;
+  struct Frame {
+    std::int32_t v;    // the value being made present
+    std::size_t next;  // its inputs [0, next) are present and locked
+  };
+  std::vector<Frame> frames_;
+  struct Class {
+    std::set<std::pair<std::int64_t, std::int32_t>> set;  // (last_, id) of the values evictable now
+    std::int32_t live_at = -1;                            // index in live_classes_ (-1: empty)
+  };
+  std::vector<Class> cls_;
+  std::vector<std::int32_t> cls_of_;        // a value's class (-1: never evictable)
+  std::vector<char> in_set_;                // in its class's set
+  std::vector<std::int32_t> live_classes_;  // the classes with an evictable value
 };
 
 // Joint-graph nodes up to which every DTR eviction score runs (see budget()).
@@ -239,23 +381,38 @@ std::vector<std::int32_t> low_memory_order(const Problem& p) {
     }
     return d;
   };
+  // the ready node of least (delta, id), from a heap: a node's delta only
+  // falls, when an input's uses drop to 1, and then a fresh entry goes in;
+  // an entry whose delta is no longer the node's is stale and skipped (a scan
+  // of the ready set made a long recurrence's order quadratic)
+  using Entry = std::pair<std::int64_t, std::int32_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  std::vector<char> is_ready(n, 0), done(n, 0);
+  for (auto id : ready) {
+    is_ready[static_cast<std::size_t>(id)] = 1;
+    heap.emplace(delta(id), id);
+  }
   out.reserve(p.order.size());
-  while (!ready.empty()) {
-    std::size_t best = 0;
-    std::int64_t bd = delta(ready[0]);
-    for (std::size_t i = 1; i < ready.size(); ++i) {
-      std::int64_t d = delta(ready[i]);
-      if (d < bd || (d == bd && ready[i] < ready[best])) { best = i; bd = d; }
-    }
-    std::int32_t id = ready[best];
-    ready[best] = ready.back();
-    ready.pop_back();
+  while (!heap.empty()) {
+    auto [d, id] = heap.top();
+    heap.pop();
+    auto u = static_cast<std::size_t>(id);
+    if (done[u] || d != delta(id)) continue;
+    done[u] = 1;
     out.push_back(id);
     const auto& ins = p.g.node(id).inputs;
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      if (first(ins, i)) --uses[static_cast<std::size_t>(ins[i])];
-    for (auto c : p.consumers[static_cast<std::size_t>(id)])
-      if (--missing[static_cast<std::size_t>(c)] == 0) ready.push_back(c);
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      if (!first(ins, i)) continue;
+      auto x = static_cast<std::size_t>(ins[i]);
+      if (--uses[x] == 1)  // x's last consumer will free it: a ready one's delta fell
+        for (auto c : p.consumers[x])
+          if (is_ready[static_cast<std::size_t>(c)] && !done[static_cast<std::size_t>(c)]) heap.emplace(delta(c), c);
+    }
+    for (auto c : p.consumers[u])
+      if (--missing[static_cast<std::size_t>(c)] == 0) {
+        is_ready[static_cast<std::size_t>(c)] = 1;
+        heap.emplace(delta(c), c);
+      }
   }
   return out;
 }
