@@ -70,7 +70,12 @@ Policy keep_all();
 Policy manual();
 // Keeps every k-th forward node (k >= 1, else ad::Error; k = 1 keeps all).
 Policy uniform(std::int64_t k);
-// Chen et al.: keeps every ceil(sqrt(n))-th of the n forward nodes.
+// Chen et al.'s sqrt(n) segments: the n forward values (those owning memory,
+// in graph order) are split into windows of ceil(sqrt(n)); in each, the
+// boundary where the fewest bytes cross (values the forward pass reads again
+// after it) is chosen and every value crossing it is kept, so a segment is
+// recomputed from what is kept alone. On a chain that is every
+// ceil(sqrt(n))-th value; on a recurrent cell or a residual stream, the state.
 Policy sqrt_n();
 // Keeps the forward nodes for which keep(info) is true (JAX-style
 // checkpoint policies); see save_matmuls(). An empty keep is an ad::Error.
