@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,9 +12,11 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "ad/error.hpp"
 #include "ops/parallel.hpp"
 
 namespace {
@@ -131,6 +134,58 @@ TEST_CASE("parallel: teams still run in a child process after fork()") {
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   check_team(2);  // and the parent's pool still works
+}
+
+TEST_CASE("parallel: a team whose threads cannot all be started throws ad::Error and runs none of its tasks") {
+  // Many user threads each running kernels while the pool is busy start
+  // teams of their own and can reach the process's thread limit. A failed
+  // start was a std::system_error, or std::terminate when some of the team's
+  // threads were already running; on the pool's path it also left the pool
+  // marked busy for good.
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // child: every team starts its own threads here
+    if (getuid() == 0 && setuid(65534) != 0) _exit(10);  // RLIMIT_NPROC does not bind root
+    rlimit old{};
+    if (getrlimit(RLIMIT_NPROC, &old) != 0) _exit(11);
+    int code = 0;
+    // the user's tasks (as nobody: this child alone) at most 0, 1, 2: no
+    // thread starts, or one does and the next fails
+    for (rlim_t limit : {rlim_t{0}, rlim_t{1}, rlim_t{2}}) {
+      rlimit r{limit, old.rlim_max};
+      if (setrlimit(RLIMIT_NPROC, &r) != 0) _exit(12);
+      std::atomic<int> ran{0};
+      try {
+        ad::parallel::team(4, [&](int) { ran.fetch_add(1); });
+        code |= 1;  // no limit in force
+      } catch (const ad::Error& e) {
+        if (std::string(e.what()).find("thread limit") == std::string::npos) code |= 2;
+      } catch (...) {
+        code |= 4;  // not an ad::Error
+      }
+      if (ran.load() != 0) code |= 8;  // a task ran in a team that failed to start
+    }
+    if (setrlimit(RLIMIT_NPROC, &old) != 0) _exit(13);
+    std::atomic<int> ran{0};
+    ad::parallel::team(4, [&](int) { ran.fetch_add(1); });  // and teams run again once threads can start
+    _exit(ran.load() == 4 ? code : code | 16);
+  }
+  int status = -1;
+  auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  pid_t r = 0;
+  while ((r = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (r == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL("the child process hung in a team that could not start");
+  }
+  REQUIRE_MESSAGE(WIFEXITED(status), "the child ended by signal ", WTERMSIG(status));
+  if (WEXITSTATUS(status) == 10) {
+    MESSAGE("not checked: this root process cannot become nobody (RLIMIT_NPROC does not bind root)");
+    return;
+  }
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("parallel: parallel_for_dynamic runs every index once, in threads or alone, and rethrows") {

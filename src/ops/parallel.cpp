@@ -8,16 +8,22 @@
 // does not pay a wake-up for each. A call that finds the pool busy or too
 // small starts its own threads, as every call did before the pool. A child
 // process made by fork() has none of its parent's workers: there the pool
-// is never used, and every team starts its own threads.
+// is never used, and every team starts its own threads. A thread that cannot
+// be started (the process's thread limit) is an ad::Error, before any task
+// of the team has run.
 #include "ops/parallel.hpp"
 
+#include <fmt/format.h>
 #include <pthread.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include "ad/error.hpp"
 
 namespace ad::parallel {
 
@@ -26,13 +32,36 @@ namespace {
 thread_local bool t_in_pool_task = false;
 std::atomic<bool> g_forked{false};  // set in a child of fork(): the pool's workers are not there
 
+// `started` of the n - 1 threads a team of n needs besides its caller were running.
+[[noreturn]] void cannot_start(int started, int n, const std::system_error& e) {
+  throw Error(fmt::format("kernel threads: could not start a thread for a team of {} ({} of {} started: {}); the "
+                          "process's thread limit (ulimit -u, a container's pids limit) is reached",
+                          n, started, n - 1, e.what()));
+}
+
+// Every thread is started before any task runs: tasks may wait for each
+// other (barriers), so a team that cannot start all its threads runs none
+// of its tasks and throws ad::Error (a thread left running while the vector
+// of threads unwound ended the process in std::terminate).
 void spawn_team(int n, void (*fn)(void*, int), void* ctx) {
+  std::atomic<int> gate{0};  // 0: wait, 1: run, -1: give up
   std::vector<std::thread> th;
   th.reserve(static_cast<std::size_t>(n - 1));
-  for (int w = 1; w < n; ++w) th.emplace_back([=] {
-    t_in_pool_task = true;
-    fn(ctx, w);
-  });
+  try {
+    for (int w = 1; w < n; ++w) th.emplace_back([=, &gate] {
+      gate.wait(0, std::memory_order_acquire);
+      if (gate.load(std::memory_order_acquire) < 0) return;
+      t_in_pool_task = true;
+      fn(ctx, w);
+    });
+  } catch (const std::system_error& e) {
+    gate.store(-1, std::memory_order_release);
+    gate.notify_all();
+    for (auto& x : th) x.join();
+    cannot_start(static_cast<int>(th.size()), n, e);
+  }
+  gate.store(1, std::memory_order_release);
+  gate.notify_all();
   fn(ctx, 0);
   for (auto& x : th) x.join();
 }
@@ -70,10 +99,17 @@ class Pool {
       return;
     }
     {
-      std::lock_guard<std::mutex> lk(m_);
-      while (static_cast<int>(workers_.size()) < n - 1) {
-        const int id = static_cast<int>(workers_.size()) + 1;
-        workers_.emplace_back([this, id] { loop(id); });
+      std::unique_lock<std::mutex> lk(m_);
+      try {
+        while (static_cast<int>(workers_.size()) < n - 1) {
+          const int id = static_cast<int>(workers_.size()) + 1;
+          workers_.emplace_back([this, id] { loop(id); });
+        }
+      } catch (const std::system_error& e) {  // the workers started so far stay, idle
+        const int started = static_cast<int>(workers_.size());
+        lk.unlock();
+        busy_.store(false, std::memory_order_release);  // (left set, every later team started its own threads)
+        cannot_start(started, n, e);
       }
       fn_ = fn;
       ctx_ = ctx;

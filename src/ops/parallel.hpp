@@ -24,7 +24,9 @@ inline int max_threads() {
 // pool is busy (another thread's team, or a call from inside a task) or too
 // small, fresh threads are started for this call instead. Either way the n
 // tasks run concurrently, which teams that meet at barriers rely on. fn must
-// not throw (team() below catches for it).
+// not throw (team() below catches for it). Throws ad::Error, having run no
+// task, when a thread the team needs cannot be started (the process's
+// thread limit).
 void run_team(int n, void (*fn)(void*, int), void* ctx);
 
 // f(w) for w in [0, n) on n concurrent threads; an exception thrown by f is
