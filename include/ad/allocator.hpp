@@ -46,7 +46,10 @@ class Allocator {
 
 // The allocator used for tensors created outside a graph (user data,
 // parameters and their gradients). A graph counts its own values with its own
-// Allocator, so a step's peak is never mixed with the user's tensors.
+// Allocator, so a step's peak is never mixed with the user's tensors, nor
+// with another graph's running on another thread. There is one default
+// allocator per device for the whole process: its live_bytes(), peak_bytes()
+// and reset_peak() count every thread's tensors.
 std::shared_ptr<Allocator> default_allocator(Device device = Device::cpu());
 
 }  // namespace ad

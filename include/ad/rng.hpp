@@ -41,7 +41,8 @@ AD_HD double uniform01_f64(std::uint32_t a, std::uint32_t b) {
 // A seeded stream of random numbers. reserve(n) hands out n consecutive
 // counters and returns the first, so each consumer (a fill, a dropout node)
 // gets its own non-overlapping range and results never depend on order of
-// execution — only on order of construction.
+// execution — only on order of construction. Not synchronised: give each
+// thread (a data loader, say) its own Rng.
 class Rng {
  public:
   explicit Rng(std::uint64_t seed = 0) : seed_(seed) {}

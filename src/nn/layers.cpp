@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 
 namespace ad::nn {
@@ -128,10 +129,12 @@ Var Dropout::operator()(const Var& x) const {
   if (!rng_state.defined()) throw Error("Dropout: use of a default-constructed layer");
   Tensor s = rng_state;  // shares the buffer: the offset advances for every copy
   std::int64_t* st = s.data<std::int64_t>();
-  auto seed = static_cast<std::uint64_t>(st[0]), offset = static_cast<std::uint64_t>(st[1]);
-  Var y = dropout(x, p, seed, offset);
-  st[1] = static_cast<std::int64_t>(offset + static_cast<std::uint64_t>(x.numel()));
-  return y;
+  // The range is reserved atomically (as Rng::reserve, before the node is
+  // built): graphs built on several threads from one model each draw their
+  // own mask. A plain read and write gave two calls one offset (the same
+  // mask) about one time in six when they met.
+  const auto offset = static_cast<std::uint64_t>(std::atomic_ref<std::int64_t>(st[1]).fetch_add(x.numel()));
+  return dropout(x, p, static_cast<std::uint64_t>(st[0]), offset);
 }
 void Dropout::visit(Visitor& v) const { v.buffer("rng_state", rng_state); }
 

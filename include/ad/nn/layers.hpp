@@ -90,7 +90,9 @@ class RMSNorm : public Module {
 // training mode; the identity in evaluation mode or when p = 0. Owns a
 // random stream (seed drawn from `rng` at construction), kept in the buffer
 // "rng_state" (i64 [2]: seed, offset) so a saved and restored model draws
-// the same masks. Each training-mode call reserves numel(x) counters.
+// the same masks. Each training-mode call reserves numel(x) counters, at
+// once (atomically): graphs built on several threads from one model each
+// draw their own mask, in the order the calls reach the layer.
 // Throws ad::Error unless 0 <= p < 1.
 class Dropout : public Module {
  public:
