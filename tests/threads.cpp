@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/cache.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -327,4 +328,31 @@ TEST_CASE("threads: one Dropout layer called from several threads at once gives 
     expect += static_cast<std::uint64_t>(n);
   }
   CHECK(contiguous);
+}
+
+TEST_CASE("threads: a step planned on several threads at once is cached once") {
+  // Threads training copies of one model share a Policy: their first steps
+  // miss its cache together and each inserts the plan. One entry per key,
+  // else the copies push other plans (an eval step's) out of the cache.
+  const Policy pol = ad::policy::budget(9000);  // the exact tier: some time to plan
+  const int threads = 6;
+  std::atomic<int> ready{0};
+  std::vector<std::thread> th;
+  std::vector<int> cached(threads, -1);
+  for (int t = 0; t < threads; ++t)
+    th.emplace_back([&, t] {
+      Rng rng(static_cast<std::uint64_t>(t));
+      std::vector<ad::Parameter> ws;
+      for (int i = 0; i < 5; ++i) ws.push_back(ad::Parameter::randn({16, 16}, rng, 0.3));
+      Graph g;
+      Var h = g.input(Tensor::randn({32, 16}, rng));
+      for (const auto& w : ws) h = ad::tanh(ad::matmul(h, w));
+      Var loss = ad::sum(h);
+      ready.fetch_add(1);
+      while (ready.load() < threads) std::this_thread::yield();
+      cached[static_cast<std::size_t>(t)] = ad::backward(loss, pol).plan_cached;
+    });
+  for (auto& t : th) t.join();
+  CHECK(pol.cache->size() == 1);
+  for (int c : cached) CHECK(c >= 0);
 }

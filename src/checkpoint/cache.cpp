@@ -74,6 +74,13 @@ bool PlanCache::find(const std::vector<std::uint64_t>& k, Schedule& out) {
 
 void PlanCache::insert(std::vector<std::uint64_t> k, const Schedule& s) {
   std::lock_guard<std::mutex> lock(m_);
+  // threads that missed together (copies of one model on several threads)
+  // each insert the plan: one entry per key, else the copies push others out
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (it->key == k) {
+      entries_.erase(it);
+      break;
+    }
   entries_.push_front({std::move(k), s});
   if (entries_.size() > kCapacity) entries_.pop_back();
 }

@@ -14,7 +14,8 @@ namespace ad {
 // Plans keyed by everything the planner reads: each involved node's op,
 // inputs, attrs, meta, checkpoint mark and whether it holds a value, plus the
 // targets and sinks. Keys are compared in full (no false hits). Keeps the
-// most recent kCapacity plans.
+// most recent kCapacity plans, one per key. Locked: Policy copies on
+// several threads share it.
 class PlanCache {
  public:
   static constexpr std::size_t kCapacity = 32;
