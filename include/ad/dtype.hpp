@@ -81,7 +81,7 @@ AD_HD std::uint16_t f32_to_f16(float f) {
   return static_cast<std::uint16_t>(sign | ((r - 0x38000000u) >> 13));
 }
 AD_HD float f16_to_f32(std::uint16_t h) {
-  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t sign = (h & 0x8000u) << 16;  // h promotes to int, & 0x8000u makes it unsigned
   std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
   if (e == 0x1f) return f32_from_bits(sign | 0x7f800000u | (m << 13));
   if (e == 0) {

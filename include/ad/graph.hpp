@@ -30,6 +30,8 @@ struct ParamState;
 class Parameter {
  public:
   Parameter() = default;
+  // value must be f32 or f64 (the compute dtypes; a bf16 or f16 tensor is an
+  // ad::Error: cast it, and keep bf16 for compressed activations).
   explicit Parameter(Tensor value, std::string name = {});
   // N(0, stddev^2) initialisation from rng.
   static Parameter randn(const Shape& shape, Rng& rng, double stddev = 1.0, DType dtype = DType::f32,

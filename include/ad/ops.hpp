@@ -107,8 +107,10 @@ Var rms_norm(const Operand& x, const Operand& gamma, double eps = 1e-6);
 
 // ---- losses ----
 enum class Reduction : std::uint8_t { mean, sum };
-// logits [N, C] (float), labels [N] (i64 in [0, C)) -> scalar:
-// -log softmax(logits)[i, label_i], averaged (mean) or summed over N.
+// logits [..., C] (float), labels [...] (i64 in [0, C); logits' shape without
+// the class dim) -> scalar: -log softmax(logits)[i, label_i] over every
+// position i, averaged (mean) or summed: [B, T, C] with [B, T] is the same as
+// the flattened [B*T, C] with [B*T].
 // Labels out of range throw at run time.
 Var cross_entropy(const Operand& logits, const Operand& labels, Reduction reduction = Reduction::mean);
 // (a - b)^2 averaged (mean) or summed over all elements -> scalar.

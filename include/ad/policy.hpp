@@ -88,7 +88,10 @@ Policy selective(KeepFn keep);
 // tier is not built when the list has a fit).
 // backward() throws ad::BudgetError (an ad::Error) stating the least peak it
 // can plan, and whether that is proven to be the minimum, when it cannot
-// fit. The measured peak never exceeds `bytes`. bytes < 0 is an ad::Error.
+// fit. The measured peak never exceeds `bytes`: it counts what the step
+// allocates, above the graph's values already present when backward starts
+// (Report::baseline_bytes: values you asked for before, with value() or
+// eval(), stay held on top). bytes < 0 is an ad::Error.
 Policy budget(std::int64_t bytes);
 // For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
 // Walther) with `slots` snapshots (counting the one holding the input);
