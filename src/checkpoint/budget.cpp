@@ -3,7 +3,7 @@
 //
 // Candidates form a fixed list that does not depend on the budget: keep_all,
 // keep sets that drop the forward values cheapest to recompute per byte,
-// uniform keep sets, and DTR-style schedules (evict the value with the lowest
+// uniform keep sets, keep sets at the least-crossing boundaries, and DTR-style schedules (evict the value with the lowest
 // cost / (bytes x staleness) when memory runs out) simulated at a ladder of
 // memory levels from the lower bound up to the keep_all peak (on problems of
 // up to kSmallProblem nodes also with three more eviction scores and an
@@ -513,6 +513,14 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse, Pruning* pruni
     std::int64_t gap = g0;
     for (std::int64_t i = n - 1 - g0; i >= 0; i -= gap, gap += g0 / 4) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = 1;
     add_keep(std::move(keep));
+  }
+  // sqrt_n's keep sets at every window size: boundaries where the fewest
+  // bytes cross, and what crosses them (on a chain the same as every k-th;
+  // on a recurrence the state, which the sets above miss). Last among the
+  // keep sets, so a tie of cost and peak goes to the sets before.
+  for (auto k : ladder(n)) {
+    if (k < 2) continue;
+    add_keep(boundary_keep(p, fs, k));
   }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
   // A DTR run longer than this recomputes the graph many times over; the

@@ -394,4 +394,56 @@ void reuse_dying_inputs(const Problem& p, Schedule& s) {
   }
 }
 
+// The values kept at segment boundaries, one boundary in each window of k
+// values of fs (topological order): after the value i of the window where
+// the fewest bytes cross (values at or before i that a forward node after i
+// reads: views read as their base, leaves do not count), the latest among
+// equals; every value crossing a chosen boundary is kept, so the segment
+// after it recomputes from what is kept and the leaves alone. In a chain
+// one value crosses each boundary and every k-th value is kept; in a
+// recurrent cell the state (and a running loss) crosses after each step,
+// and keeping the cell's other values instead, as every k-th value did, made
+// recomputation restart from the beginning.
+std::vector<char> boundary_keep(const Problem& p, const std::vector<std::int32_t>& fs, std::int64_t k) {
+  const auto n = static_cast<std::int64_t>(fs.size());
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(p.hi + 1), -1), reach(fs.size(), -1);
+  for (std::int64_t i = 0; i < n; ++i) pos[static_cast<std::size_t>(fs[static_cast<std::size_t>(i)])] = i;
+  auto base = [&](std::int32_t id) {
+    while (op_def(p.g.node(id).op).view) id = p.g.node(id).inputs[0];
+    return id;
+  };
+  for (std::int64_t i = 0; i < n; ++i)
+    for (auto in : p.g.node(fs[static_cast<std::size_t>(i)]).inputs) {
+      const std::int64_t a = pos[static_cast<std::size_t>(base(in))];
+      if (a >= 0) reach[static_cast<std::size_t>(a)] = std::max(reach[static_cast<std::size_t>(a)], i);
+    }
+  // crossing bytes of each boundary (value j crosses boundaries j .. reach[j] - 1)
+  std::vector<std::int64_t> cross(fs.size() + 1, 0);
+  for (std::int64_t j = 0; j < n; ++j)
+    if (reach[static_cast<std::size_t>(j)] > j) {
+      const std::int64_t b = p.bytes[static_cast<std::size_t>(fs[static_cast<std::size_t>(j)])];
+      cross[static_cast<std::size_t>(j)] += b;
+      cross[static_cast<std::size_t>(reach[static_cast<std::size_t>(j)])] -= b;
+    }
+  for (std::int64_t i = 1; i <= n; ++i) cross[static_cast<std::size_t>(i)] += cross[static_cast<std::size_t>(i - 1)];
+  // chosen[i]: boundaries chosen at or before i (prefix count)
+  std::vector<std::int64_t> chosen(fs.size(), 0);
+  for (std::int64_t w = 0; w + k <= n; w += k) {  // whole windows only, as every k-th value
+    std::int64_t best = w;
+    for (std::int64_t i = w; i < w + k; ++i)
+      if (cross[static_cast<std::size_t>(i)] <= cross[static_cast<std::size_t>(best)]) best = i;
+    chosen[static_cast<std::size_t>(best)] = 1;
+  }
+  for (std::int64_t i = 1; i < n; ++i) chosen[static_cast<std::size_t>(i)] += chosen[static_cast<std::size_t>(i - 1)];
+  std::vector<char> keep(static_cast<std::size_t>(p.hi + 1), 0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t last = std::max(reach[static_cast<std::size_t>(j)] - 1, j);  // boundaries j .. last
+    const std::int64_t before = j > 0 ? chosen[static_cast<std::size_t>(j - 1)] : 0;
+    // crossing a chosen boundary, or the value a chosen boundary follows (the
+    // chain's k-th value, kept as before even where nothing reads it later)
+    if (chosen[static_cast<std::size_t>(last)] > before) keep[static_cast<std::size_t>(fs[static_cast<std::size_t>(j)])] = 1;
+  }
+  return keep;
+}
+
 }  // namespace ad::planner

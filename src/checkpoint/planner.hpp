@@ -101,6 +101,10 @@ std::optional<Schedule> keep_set_under(const Problem& p, const std::vector<char>
 // forward pass ends: a lower bound of its schedule's peak (with or without
 // reuse_dying_inputs, which never merges two values that are both held).
 std::int64_t keep_set_held_bytes(const Problem& p, const std::vector<char>& keep);
+// sqrt_n's keep set, and budget's candidates: in each whole window of k of
+// the values fs (graph order), the boundary where the fewest bytes cross (the
+// latest among equals), and every value crossing a chosen boundary kept.
+std::vector<char> boundary_keep(const Problem& p, const std::vector<std::int32_t>& fs, std::int64_t k);
 
 // Moves each prefetch step before the compute step that precedes it, so the
 // copy overlaps with that compute (the value then occupies the graph's
