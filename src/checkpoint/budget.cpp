@@ -3,8 +3,9 @@
 //
 // Candidates form a fixed list that does not depend on the budget: keep_all,
 // keep sets that drop the forward values cheapest to recompute per byte,
-// uniform keep sets, keep sets at the least-crossing boundaries, and DTR-style schedules (evict the value with the lowest
-// cost / (bytes x staleness) when memory runs out) simulated at a ladder of
+// uniform keep sets, keep sets at the least-crossing boundaries (sqrt_n's,
+// every window size), and DTR-style schedules (evict the value with the
+// lowest cost / (bytes x staleness) when memory runs out) simulated at a ladder of
 // memory levels from the lower bound up to the keep_all peak (on problems of
 // up to kSmallProblem nodes also with three more eviction scores and an
 // order that computes the loss last; see the variants in budget()), and, for
