@@ -3,6 +3,7 @@
 // saturation of f32 tanh, and f64 -> f16 / bf16 in one rounding.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -32,6 +33,107 @@ TEST_CASE("edge: matmul of a batched a and a 2-D b with K or N = 0 differentiate
     CHECK(ga.shape() == sa);
     CHECK(gb.shape() == sb);
     for (double v : ga.to_vector()) CHECK(v == 0.0);  // C is empty (N = 0) or K = 0: nothing flows
+  }
+}
+
+// numpy's matmul computed by plain loops: batch dims broadcast from the
+// right, a rank-1 a is a row, a rank-1 b a column, their dims dropped
+static std::vector<double> matmul_by_loops(const Tensor& a, const Tensor& b, bool ta, bool tb, Shape& out) {
+  Shape sa = a.shape(), sb = b.shape();
+  bool va = sa.rank() == 1, vb = sb.rank() == 1;
+  if (va) { sa = Shape{1, sa[0]}; ta = false; }
+  if (vb) { sb = Shape{sb[0], 1}; tb = false; }
+  std::int64_t m = ta ? sa[sa.rank() - 1] : sa[sa.rank() - 2], k = ta ? sa[sa.rank() - 2] : sa[sa.rank() - 1];
+  std::int64_t n = tb ? sb[sb.rank() - 2] : sb[sb.rank() - 1];
+  int r = std::max(sa.rank(), sb.rank()) - 2;
+  Shape batch;
+  for (int i = 0; i < r; ++i) {
+    int ia = sa.rank() - 2 - r + i, ib = sb.rank() - 2 - r + i;
+    std::int64_t da = ia >= 0 ? sa[ia] : 1, db = ib >= 0 ? sb[ib] : 1;
+    batch.push_back(da == 1 ? db : da);
+  }
+  std::vector<double> A = a.to_vector(), B = b.to_vector(), C;
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
+  for (std::int64_t bi = 0; bi < batch.numel(); ++bi) {
+    std::int64_t oa = 0, ob = 0;  // matrix index of a and b for this batch index
+    for (int d = 0; d < sa.rank() - 2; ++d) {
+      std::int64_t dim = sa[d];
+      oa = oa * dim + (dim == 1 ? 0 : idx[static_cast<std::size_t>(r - (sa.rank() - 2) + d)]);
+    }
+    for (int d = 0; d < sb.rank() - 2; ++d) {
+      std::int64_t dim = sb[d];
+      ob = ob * dim + (dim == 1 ? 0 : idx[static_cast<std::size_t>(r - (sb.rank() - 2) + d)]);
+    }
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (std::int64_t p = 0; p < k; ++p) {
+          double x = A[static_cast<std::size_t>(oa * m * k + (ta ? p * m + i : i * k + p))];
+          double y = B[static_cast<std::size_t>(ob * k * n + (tb ? j * k + p : p * n + j))];
+          acc += x * y;
+        }
+        C.push_back(acc);
+      }
+    for (int d = r - 1; d >= 0; --d) {
+      if (++idx[static_cast<std::size_t>(d)] < batch[d]) break;
+      idx[static_cast<std::size_t>(d)] = 0;
+    }
+  }
+  out = batch;
+  if (!va) out.push_back(m);
+  if (!vb) out.push_back(n);
+  return C;
+}
+
+TEST_CASE("edge: matmul broadcasts batch dims and takes vectors as numpy does, forward and gradients") {
+  struct Case {
+    Shape sa, sb;
+    bool ta, tb;
+  };
+  const Case cases[] = {
+      {{2, 1, 3, 4}, {5, 4, 2}, false, false}, {{1, 3, 4}, {2, 4, 5}, false, false},  // broadcast both / a's 1
+      {{2, 3, 4}, {1, 4, 5}, false, false},    {{3, 1, 4, 3}, {1, 2, 5, 4}, true, true},  // b's 1; both, transposed
+      {{2, 2, 3, 4}, {2, 1, 4, 5}, false, false},                                        // inner-dim broadcast
+      {{4}, {4, 5}, false, false},             {{3, 4}, {4}, false, false},  {{4}, {4}, false, false},
+      {{2, 3, 4}, {4}, false, false},          {{4}, {2, 4, 5}, false, false}, {{4}, {2, 5, 4}, true, true},
+      {{4}, {3, 1, 4, 2}, false, false},       {{2, 4, 3}, {4}, true, false},  {{0, 3, 4}, {1, 4, 2}, false, false},
+  };
+  Rng rng(17);
+  for (const Case& c : cases) {
+    INFO(c.sa.str(), c.ta ? "^T" : "", " x ", c.sb.str(), c.tb ? "^T" : "");
+    Tensor ta = randn64(c.sa, rng), tb = randn64(c.sb, rng);
+    Shape want_shape;
+    std::vector<double> want = matmul_by_loops(ta, tb, c.ta, c.tb, want_shape);
+    Graph g;
+    Var a = g.input(ta), b = g.input(tb);
+    Var y = matmul(a, b, c.ta, c.tb);
+    REQUIRE(y.shape() == want_shape);
+    std::vector<double> got = eval(y).to_vector();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+    // gradients against sum(w * y) by finite differences of the loop reference
+    Tensor w = randn64(want_shape, rng);
+    std::vector<double> wv = w.to_vector();
+    std::vector<Var> gr = grad(sum(mul(y, g.input(w))), {a, b});
+    for (int side = 0; side < 2; ++side) {
+      Tensor base = side == 0 ? ta : tb, gt = eval(gr[static_cast<std::size_t>(side)]);
+      REQUIRE(gt.shape() == base.shape());
+      std::vector<double> gv = gt.to_vector(), bv = base.to_vector();
+      for (std::size_t i = 0; i < bv.size(); ++i) {
+        auto loss_at = [&](double delta) {
+          std::vector<double> v = bv;
+          v[i] += delta;
+          Tensor t = f64s(v, base.shape());
+          Shape s;
+          std::vector<double> yy = side == 0 ? matmul_by_loops(t, tb, c.ta, c.tb, s) : matmul_by_loops(ta, t, c.ta, c.tb, s);
+          double l = 0;
+          for (std::size_t j = 0; j < yy.size(); ++j) l += yy[j] * wv[j];
+          return l;
+        };
+        // the loss is linear in each input: the central difference is exact up to rounding
+        CHECK(gv[i] == doctest::Approx((loss_at(0.5) - loss_at(-0.5))).epsilon(1e-9));
+      }
+    }
   }
 }
 

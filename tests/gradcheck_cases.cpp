@@ -116,6 +116,10 @@ void linalg(CaseList& c, Rng& rng) {
       {{2, 3, 4}, {5, 4}, false, true},       {{2, 4, 3}, {4, 5}, true, false},
       {{3, 4}, {2, 4, 5}, false, false},      {{4, 3}, {2, 5, 4}, true, true},
       {{2, 2, 3, 4}, {2, 2, 5, 4}, false, true}, {{1, 4}, {4, 1}, false, false},
+      {{2, 1, 3, 4}, {3, 4, 2}, false, false}, {{1, 4, 3}, {2, 2, 5, 4}, true, true},  // broadcast batch dims
+      {{2, 2, 3, 4}, {2, 1, 4, 5}, false, false},  // an inner batch dim broadcast: several cuBLAS runs
+      {{4}, {4, 5}, false, false},            {{2, 3, 4}, {4}, false, false},        // vectors
+      {{4}, {2, 5, 4}, false, true},          {{4}, {4}, false, false},
   };
   for (const M& m : ms) {
     bool ta = m.ta, tb = m.tb;

@@ -88,18 +88,25 @@ TEST_CASE("misuse: matmul") {
   EXPECT_ERROR(ad::matmul(a, b), "matmul: inner dims differ: a f32[32,64] vs b f32[65,10]");
   EXPECT_ERROR(ad::matmul(a, g.input(randn({10, 65})), false, true), "matmul: inner dims differ", "f32[10,65]");
   EXPECT_ERROR(ad::matmul(g.input(randn({64, 32})), b, true, false), "matmul: inner dims differ", "f32[64,32]");
-  // rank < 2
-  EXPECT_ERROR(ad::matmul(g.input(randn({3})), g.input(randn({3, 4}))), "matmul", "rank >= 2", "a f32[3]", "b f32[3,4]");
-  EXPECT_ERROR(ad::matmul(g.input(randn({3, 4})), g.input(randn({4}))), "matmul", "rank >= 2", "b f32[4]");
-  EXPECT_ERROR(ad::matmul(g.input(randn({})), g.input(randn({1, 1}))), "matmul", "f32[]");
-  // batch dims differ
+  // a scalar has no matrix product; a vector must still match K
+  EXPECT_ERROR(ad::matmul(g.input(randn({})), g.input(randn({1, 1}))), "matmul", "rank >= 1", "a f32[]", "b f32[1,1]");
+  EXPECT_ERROR(ad::matmul(g.input(randn({3, 4})), g.input(randn({}))), "matmul", "rank >= 1", "b f32[]");
+  EXPECT_ERROR(ad::matmul(g.input(randn({3})), g.input(randn({4, 5}))), "matmul: inner dims differ", "a f32[3]",
+               "b f32[4,5]");
+  EXPECT_ERROR(ad::matmul(g.input(randn({3, 4})), g.input(randn({3}))), "matmul: inner dims differ", "b f32[3]");
+  EXPECT_ERROR(ad::matmul(g.input(randn({3})), g.input(randn({4}))), "matmul: inner dims differ", "a f32[3]", "b f32[4]");
+  // batch dims that do not broadcast
   EXPECT_ERROR(ad::matmul(g.input(randn({2, 3, 4})), g.input(randn({5, 4, 6}))), "matmul: batch dims differ",
                "a f32[2,3,4]", "b f32[5,4,6]");
-  EXPECT_ERROR(ad::matmul(g.input(randn({2, 2, 3, 4})), g.input(randn({2, 4, 5}))), "matmul: batch dims differ",
-               "f32[2,2,3,4]", "f32[2,4,5]");
-  // the documented broadcasting of a rank-2 side works
+  EXPECT_ERROR(ad::matmul(g.input(randn({2, 2, 3, 4})), g.input(randn({3, 4, 5}))), "matmul: batch dims differ",
+               "f32[2,2,3,4]", "f32[3,4,5]");
+  // the documented broadcasting works
   CHECK(ad::matmul(g.input(randn({2, 3, 4})), g.input(randn({4, 5}))).shape() == ad::Shape{2, 3, 5});
   CHECK(ad::matmul(g.input(randn({3, 4})), g.input(randn({2, 4, 5}))).shape() == ad::Shape{2, 3, 5});
+  CHECK(ad::matmul(g.input(randn({2, 2, 3, 4})), g.input(randn({2, 4, 5}))).shape() == ad::Shape{2, 2, 3, 5});
+  CHECK(ad::matmul(g.input(randn({7, 1, 3, 4})), g.input(randn({6, 4, 5}))).shape() == ad::Shape{7, 6, 3, 5});
+  CHECK(ad::matmul(g.input(randn({2, 3, 4})), g.input(randn({4}))).shape() == ad::Shape{2, 3});
+  CHECK(ad::matmul(g.input(randn({4})), g.input(randn({4}))).shape() == ad::Shape{});
 }
 
 TEST_CASE("misuse: reshape, permute, transpose") {

@@ -46,8 +46,13 @@ Var cast(const Operand& x, DType dtype);
 
 // ---- matrix products ----
 // [..., M, K] x [..., K, N] -> [..., M, N] (trans_a / trans_b transpose the
-// last two dims of a / b first). Batch dims must be equal, or one side has
-// none (rank 2): [B,T,C] x [C,O] -> [B,T,O]. OpenBLAS sgemm/dgemm.
+// last two dims of a / b first), numpy's matmul rules: the batch dims (all but
+// the last two) broadcast, aligned from the right ([B,T,C] x [C,O] ->
+// [B,T,O]; [B,1,M,K] x [H,K,N] -> [B,H,M,N]); a rank-1 a is a row [1,K] and a
+// rank-1 b a column [K,1], whose dim the output drops ([B,M,K] x [K] -> [B,M],
+// [K] x [K] -> []); the trans flag of a rank-1 operand is ignored. Gradients
+// of a broadcast operand are summed over the batch it was broadcast to.
+// OpenBLAS sgemm/dgemm on the CPU, cuBLAS on CUDA.
 Var matmul(const Operand& a, const Operand& b, bool trans_a = false, bool trans_b = false);
 
 // ---- shape ----
