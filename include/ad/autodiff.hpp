@@ -9,7 +9,9 @@
 namespace ad {
 
 // Appends to loss's graph the nodes computing d(loss)/d(w) for each w in
-// `wrt`, and returns them (same shapes as wrt). Nothing is computed.
+// `wrt`, and returns them (same shapes as wrt). Nothing is computed: eval()
+// of a returned Var keeps every value it computes (no policy); for gradients
+// computed under a policy, use backward_wrt below.
 // - loss must have one element, unless `seed` (the gradient of loss, same
 //   shape and dtype) is given; otherwise ad::Error.
 // - A w that loss does not depend on gets a zero gradient (a constant node).
@@ -41,5 +43,19 @@ Report backward(const Var& loss, const Policy& policy = policy::keep_all(), cons
 // The plan backward() would run (gradient nodes are built, nothing is
 // computed): inspect it with explain(), or its predicted peak.
 Plan plan_backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
+
+// backward() that also computes the gradient of loss with respect to each
+// Var in `wrt` (graph inputs, typically, or any node of loss's graph) under
+// the same policy, in the same pass: parameters' gradients accumulate as in
+// backward(), and Report::grads[i] is d(loss)/d(wrt[i]) (wrt[i]'s shape and
+// dtype; zeros where loss does not depend on it). The gradients are plan
+// targets, so the predicted and measured peaks include them. Use it for the
+// gradient a pipeline stage sends back (with `seed` the gradient it
+// received), or input saliency. loss need not depend on any Parameter.
+// Throws ad::Error for an empty wrt, an undefined Var or one of another graph.
+Report backward_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy = policy::keep_all(),
+                    const Var& seed = {});
+Plan plan_backward_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy = policy::keep_all(),
+                       const Var& seed = {});
 
 }  // namespace ad

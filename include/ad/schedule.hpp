@@ -149,6 +149,7 @@ struct Report {
   double plan_ms = 0;
   double run_ms = 0;
   std::shared_ptr<const Plan> plan;       // for explain(*report.plan)
+  std::vector<Tensor> grads;              // backward_wrt: d(loss)/d(wrt[i]), in wrt's order
 };
 
 }  // namespace ad

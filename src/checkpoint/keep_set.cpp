@@ -36,7 +36,7 @@ std::vector<char> writable_sinks(const GraphImpl& g, const std::vector<Sink>& si
 Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, const std::vector<Sink>& sk)
     : g(graph), targets(t), sinks(sk) {
   for (auto x : targets) hi = std::max(hi, x);
-  boundary = hi;
+  boundary = targets.empty() ? -1 : targets.front();
   for (const auto& s : sinks) hi = std::max(hi, s.node);
   auto n = static_cast<std::size_t>(hi + 1);
   needed.assign(n, 0);

@@ -26,7 +26,10 @@ struct Problem {
   std::vector<std::int32_t> targets;
   std::vector<Sink> sinks;
   std::int32_t hi = -1;        // largest node id involved
-  std::int32_t boundary = -1;  // forward nodes are ids <= boundary (the last target)
+  // forward nodes are ids <= boundary, the first target (the loss); later
+  // targets are gradients a caller wants back (backward_wrt), computed with
+  // the backward nodes and held like the loss
+  std::int32_t boundary = -1;
   std::vector<char> needed;    // computed at least once by any schedule (no value now)
   std::vector<char> pinned;    // never freed: leaves, values present before the run, targets
   std::vector<std::vector<std::int32_t>> consumers;  // needed consumers, ascending ids

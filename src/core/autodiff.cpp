@@ -92,53 +92,51 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   return out;
 }
 
-Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
-  if (!loss.defined()) throw Error("backward: loss is an undefined Var");
+namespace {
+void check_loss(const Var& loss, const Var& seed, const char* op) {
+  if (!loss.defined()) throw Error(fmt::format("{}: loss is an undefined Var", op));
   GraphImpl& g = *loss.graph();
   if (!seed.defined() && g.node(loss.id()).meta.shape.numel() != 1)
-    throw Error(fmt::format("backward: loss {} is not a scalar; reduce it (ad::sum, ad::mean) or pass a seed "
+    throw Error(fmt::format("{}: loss {} is not a scalar; reduce it (ad::sum, ad::mean) or pass a seed "
                             "gradient of its shape",
-                            loss.str()));
-  auto it = g.grad_cache.find(loss.id());
-  if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
-    // Parameters the loss depends on.
-    const std::int32_t L = loss.id();
-    std::vector<char> reach(static_cast<std::size_t>(L) + 1, 0);
-    reach[static_cast<std::size_t>(L)] = 1;
-    std::vector<Var> params;
-    for (std::int32_t id = L; id >= 0; --id) {
-      if (!reach[static_cast<std::size_t>(id)]) continue;
-      const Node& nd = g.node(id);
-      if (nd.op == OpId::parameter) params.emplace_back(&g, id);
-      for (auto in : nd.inputs) reach[static_cast<std::size_t>(in)] = 1;
-    }
-    if (params.empty())
-      throw Error(fmt::format("backward: loss {} does not depend on any Parameter; use ad::grad(loss, wrt) "
-                              "to differentiate with respect to inputs", loss.str()));
-    std::reverse(params.begin(), params.end());
-    auto grads = grad(loss, params, seed);
-    GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};
-    for (std::size_t i = 0; i < params.size(); ++i)
-      e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
-    it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
-  }
-  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy), g.alive};
+                            op, loss.str()));
 }
-
-Report backward(const Var& loss, const Policy& policy, const Var& seed) {
-  // The graph's parameters, locked in address order (no deadlock between
-  // graphs that share several): a Parameter reached by backward calls on two
-  // threads at once had one thread's gradient silently lost.
-  std::vector<ParamState*> params;
-  if (loss.defined())
-    for (const auto& pn : loss.graph()->param_nodes) params.push_back(const_cast<ParamState*>(pn.first));
-  std::sort(params.begin(), params.end());
-  std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(params.size());
-  for (ParamState* ps : params) locks.emplace_back(ps->backward_mutex);
-  auto t0 = std::chrono::steady_clock::now();
-  auto p = std::make_shared<Plan>(plan_backward(loss, policy, seed));
-  auto t1 = std::chrono::steady_clock::now();
+// The parameters `loss` depends on, in node order.
+std::vector<Var> params_of(const Var& loss) {
+  GraphImpl& g = *loss.graph();
+  const std::int32_t L = loss.id();
+  std::vector<char> reach(static_cast<std::size_t>(L) + 1, 0);
+  reach[static_cast<std::size_t>(L)] = 1;
+  std::vector<Var> params;
+  for (std::int32_t id = L; id >= 0; --id) {
+    if (!reach[static_cast<std::size_t>(id)]) continue;
+    const Node& nd = g.node(id);
+    if (nd.op == OpId::parameter) params.emplace_back(&g, id);
+    for (auto in : nd.inputs) reach[static_cast<std::size_t>(in)] = 1;
+  }
+  std::reverse(params.begin(), params.end());
+  return params;
+}
+// Builds (once per loss, seed and wrt) the gradient nodes of the loss's
+// parameters and of `wrt`: the parameters' become sinks, wrt's plan targets.
+const GraphImpl::WrtCacheEntry& wrt_grads(const Var& loss, const std::vector<Var>& wrt, const Var& seed) {
+  GraphImpl& g = *loss.graph();
+  std::vector<std::int32_t> ids;
+  for (const Var& w : wrt) ids.push_back(w.id());
+  const std::int32_t sid = seed.defined() ? seed.id() : -1;
+  for (const auto& e : g.wrt_cache)
+    if (e.loss == loss.id() && e.seed == sid && e.wrt == ids) return e;
+  std::vector<Var> all = params_of(loss);
+  const std::size_t np = all.size();
+  all.insert(all.end(), wrt.begin(), wrt.end());
+  std::vector<Var> grads = grad(loss, all, seed);
+  GraphImpl::WrtCacheEntry e{loss.id(), sid, ids, {}, {}};
+  for (std::size_t i = 0; i < np; ++i) e.sinks.push_back({grads[i].id(), Parameter(g.node(all[i].id()).param)});
+  for (std::size_t i = np; i < all.size(); ++i) e.wrt_grads.push_back(grads[i].id());
+  g.wrt_cache.push_back(std::move(e));
+  return g.wrt_cache.back();
+}
+Report run_plan(std::shared_ptr<Plan> p, double plan_ms) {
   RunStats rs = execute(*p->graph, p->schedule);
   Report r;
   r.policy = p->schedule.policy;
@@ -154,9 +152,87 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
   r.steps = static_cast<std::int64_t>(p->schedule.steps.size());
   r.plan_cached = p->schedule.from_cache;
   r.proven_cheapest = p->schedule.proven_cheapest;
-  r.plan_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  r.plan_ms = plan_ms;
   r.run_ms = rs.run_ms;
   r.plan = std::move(p);
+  return r;
+}
+// The graph's parameters, locked in address order (no deadlock between graphs
+// that share several): a Parameter reached by backward calls on two threads
+// at once had one thread's gradient silently lost.
+std::vector<std::unique_lock<std::mutex>> lock_params(const Var& loss) {
+  std::vector<ParamState*> params;
+  if (loss.defined())
+    for (const auto& pn : loss.graph()->param_nodes) params.push_back(const_cast<ParamState*>(pn.first));
+  std::sort(params.begin(), params.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(params.size());
+  for (ParamState* ps : params) locks.emplace_back(ps->backward_mutex);
+  return locks;
+}
+}  // namespace
+
+Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
+  check_loss(loss, seed, "backward");
+  GraphImpl& g = *loss.graph();
+  auto it = g.grad_cache.find(loss.id());
+  if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
+    std::vector<Var> params = params_of(loss);
+    if (params.empty())
+      throw Error(fmt::format("backward: loss {} does not depend on any Parameter; use ad::backward_wrt(loss, "
+                              "wrt, policy) or ad::grad(loss, wrt) to differentiate with respect to inputs",
+                              loss.str()));
+    auto grads = grad(loss, params, seed);
+    GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};
+    for (std::size_t i = 0; i < params.size(); ++i)
+      e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
+    it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
+  }
+  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy), g.alive};
+}
+
+Report backward(const Var& loss, const Policy& policy, const Var& seed) {
+  auto locks = lock_params(loss);
+  auto t0 = std::chrono::steady_clock::now();
+  auto p = std::make_shared<Plan>(plan_backward(loss, policy, seed));
+  auto t1 = std::chrono::steady_clock::now();
+  return run_plan(std::move(p), std::chrono::duration<double, std::milli>(t1 - t0).count());
+}
+
+namespace {
+Plan plan_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy, const Var& seed,
+              std::vector<std::int32_t>& grad_ids) {
+  check_loss(loss, seed, "backward_wrt");
+  GraphImpl& g = *loss.graph();
+  if (wrt.empty()) throw Error("backward_wrt: wrt is empty; use ad::backward for the parameters' gradients alone");
+  for (std::size_t i = 0; i < wrt.size(); ++i) {
+    if (!wrt[i].defined()) throw Error(fmt::format("backward_wrt: wrt[{}] is an undefined Var", i));
+    if (wrt[i].graph() != &g)
+      throw Error(fmt::format("backward_wrt: wrt[{}] {} belongs to another graph than the loss {}", i, wrt[i].str(),
+                              loss.str()));
+  }
+  const GraphImpl::WrtCacheEntry& e = wrt_grads(loss, wrt, seed);
+  grad_ids = e.wrt_grads;
+  std::vector<std::int32_t> targets{loss.id()};
+  targets.insert(targets.end(), e.wrt_grads.begin(), e.wrt_grads.end());
+  return Plan{&g, plan(g, targets, e.sinks, policy), g.alive};
+}
+}  // namespace
+
+Plan plan_backward_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy, const Var& seed) {
+  std::vector<std::int32_t> ids;
+  return plan_wrt(loss, wrt, policy, seed, ids);
+}
+
+Report backward_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy, const Var& seed) {
+  auto locks = lock_params(loss);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::int32_t> ids;
+  auto p = std::make_shared<Plan>(plan_wrt(loss, wrt, policy, seed, ids));
+  auto t1 = std::chrono::steady_clock::now();
+  GraphImpl* g = p->graph;
+  Report r = run_plan(std::move(p), std::chrono::duration<double, std::milli>(t1 - t0).count());
+  for (std::int32_t id : ids) r.grads.push_back(Var(g, id).value());
   return r;
 }
 

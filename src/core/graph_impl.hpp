@@ -194,6 +194,14 @@ class GraphImpl {
   // backward(): loss id -> gradient sinks built for it (reused by later calls)
   struct GradCacheEntry { std::int32_t seed; std::vector<Sink> sinks; };
   std::unordered_map<std::int32_t, GradCacheEntry> grad_cache;
+  // backward_wrt(): the same, for a (loss, seed, wrt) triple, with the nodes of
+  // wrt's gradients (few entries per graph: searched in order)
+  struct WrtCacheEntry {
+    std::int32_t loss, seed;
+    std::vector<std::int32_t> wrt, wrt_grads;
+    std::vector<Sink> sinks;
+  };
+  std::vector<WrtCacheEntry> wrt_cache;
   // Testing aid: fill every output with a NaN/garbage pattern before its
   // kernel runs, so a kernel that leaves elements unwritten is caught.
   bool poison_outputs = false;
