@@ -447,3 +447,47 @@ TEST_CASE("remat: sqrt_n keeps a recurrent cell's state, not its gates") {
   CHECK(static_cast<double>(r1.measured_peak_bytes) < 0.3 * static_cast<double>(r0.measured_peak_bytes));
   CHECK(g0 == g1);
 }
+
+TEST_CASE("remat: Graph::release drops computed values (the loss read before backward no longer pins the forward)") {
+  auto build = [](ad::Graph& g) { return deep_chain(g, 30, 16, DType::f32, true); };
+  // reference: backward without reading anything first
+  std::vector<ad::Tensor> want;
+  std::int64_t clean_peak = 0;
+  {
+    ad::Graph g;
+    RandomDag d = build(g);
+    ad::Report r = ad::backward(d.loss, ad::policy::sqrt_n());
+    want = ad::test::grads_of(d.params);
+    clean_peak = r.measured_peak_bytes;
+    for (auto& p : d.params) p.zero_grad();
+  }
+  ad::Graph g;
+  RandomDag d = build(g);
+  ad::Tensor loss_before = d.loss.value().clone();
+  for (const Var& v : d.pool) (void)ad::eval(v);  // intermediates read for logging: each stays held
+  const std::int64_t held = g.live_bytes();
+  const std::int64_t loss_bytes = static_cast<std::int64_t>(d.loss.value().nbytes());
+  CHECK(held > 10 * loss_bytes);
+  CHECK(g.release({d.loss}) == held - loss_bytes);
+  CHECK(g.live_bytes() == loss_bytes);
+  CHECK(d.loss.has_value());
+  for (const Var& v : d.pool) CHECK_FALSE(v.has_value());
+  ad::Report r = ad::backward(d.loss, ad::policy::sqrt_n());
+  CHECK(r.baseline_bytes == loss_bytes);
+  // the step a graph nothing was read from runs, less the loss (held before it began)
+  CHECK(r.measured_peak_bytes + loss_bytes == clean_peak);
+  ad::test::check_bitwise(ad::test::grads_of(d.params), want);
+  CHECK(ad::bitwise_equal(d.loss.value(), loss_before));
+  // everything, the loss too: recomputed on demand, the same bits (dropout's masks are seeded)
+  g.release();
+  CHECK(g.live_bytes() == 0);
+  CHECK_FALSE(d.loss.has_value());
+  CHECK(ad::bitwise_equal(d.loss.value(), loss_before));
+  // leaves stay; a Var of another graph is an error
+  ad::Graph other;
+  Var x = other.input(ad::Tensor::ones({2}));
+  CHECK(other.release() == 0);
+  CHECK(x.has_value());
+  EXPECT_ERROR(g.release({x}), "Graph::release", "keep[0]", "another graph");
+  EXPECT_ERROR(g.release({Var{}}), "Graph::release", "undefined");
+}

@@ -123,6 +123,15 @@ class Graph {
   std::int64_t num_nodes() const;
   // Bytes currently held by values this graph computed (not leaves).
   std::int64_t live_bytes() const;
+  // Drops every value this graph computed (never a leaf's tensor), except
+  // those of `keep`, and returns how many bytes live_bytes() fell by. A
+  // dropped value is recomputed on demand (value(), eval(), backward). For
+  // reading the loss (or a metric) before backward() without the forward
+  // values it computed staying held through the step, on top of the policy's
+  // budget: loss.value(); g.release({loss}); backward(loss, policy).
+  // A Tensor you hold (from value() or eval()) keeps its own storage alive,
+  // and counted. A Var of another graph in `keep` is an ad::Error.
+  std::int64_t release(const std::vector<Var>& keep = {});
   // Records every step the executor runs on this graph into `trace` (not
   // owned; it must outlive the recording) until record(nullptr).
   void record(Trace* trace);

@@ -91,7 +91,8 @@ Policy selective(KeepFn keep);
 // fit. The measured peak never exceeds `bytes`: it counts what the step
 // allocates, above the graph's values already present when backward starts
 // (Report::baseline_bytes: values you asked for before, with value() or
-// eval(), stay held on top). bytes < 0 is an ad::Error.
+// eval(), stay held on top; Graph::release drops them). bytes < 0 is an
+// ad::Error.
 Policy budget(std::int64_t bytes);
 // For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
 // Walther) with `slots` snapshots (counting the one holding the input);

@@ -159,6 +159,22 @@ Var Graph::param(const Parameter& p) {
 }
 std::int64_t Graph::num_nodes() const { return static_cast<std::int64_t>(impl().nodes.size()); }
 std::int64_t Graph::live_bytes() const { return impl().alloc->live_bytes(); }
+std::int64_t Graph::release(const std::vector<Var>& keep) {
+  GraphImpl& g = impl();
+  std::vector<char> kept(g.nodes.size(), 0);
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    if (!keep[i].defined()) throw Error(fmt::format("Graph::release: keep[{}] is an undefined Var", i));
+    if (keep[i].graph() != &g)
+      throw Error(fmt::format("Graph::release: keep[{}] {} belongs to another graph", i, keep[i].str()));
+    kept[static_cast<std::size_t>(keep[i].id())] = 1;
+  }
+  const std::int64_t before = g.alloc->live_bytes();
+  for (std::size_t id = 0; id < g.nodes.size(); ++id) {
+    Node& nd = g.nodes[id];
+    if (!kept[id] && nd.value.defined() && !g.is_leaf(static_cast<std::int32_t>(id))) nd.value = Tensor{};
+  }
+  return before - g.alloc->live_bytes();
+}
 void Graph::record(Trace* trace) { impl().trace = trace; }
 GraphImpl& Graph::impl() const {
   if (!impl_) throw Error("Graph: use of a moved-from Graph");
