@@ -417,6 +417,74 @@ TEST_CASE("nn safetensors module, optimizer and checkpoint files") {
   CHECK(adam2.step_count() == 1);
 }
 
+namespace {
+// An embedding whose weight the output head reads too: one parameter, two names.
+struct TiedLM : nn::Module {
+  nn::Embedding emb;
+  nn::Linear proj;
+  TiedLM(ad::Rng& rng) : emb(30, 6, rng), proj(6, 6, rng) {}
+  void visit(nn::Visitor& v) const override {
+    v.module("emb", emb);
+    v.module("proj", proj);
+    v.parameter("head.weight", emb.weight);
+  }
+};
+}  // namespace
+
+TEST_CASE("nn safetensors a tied parameter is written once and loads from either name") {
+  TempDir dir;
+  ad::Rng r1(51), r2(52);
+  TiedLM a(r1), b(r2);
+  REQUIRE(a.named_parameters().size() == 4);  // emb.weight, proj.weight, proj.bias, head.weight
+  nn::save_module(dir.file("m.safetensors"), a);
+  ad::SafeTensors raw = ad::load_safetensors(dir.file("m.safetensors"));
+  CHECK(raw.tensors.size() == 3);  // written twice before: the file held the embedding two times
+  CHECK(raw.find("emb.weight") != nullptr);
+  CHECK(raw.find("head.weight") == nullptr);
+  nn::load_module(dir.file("m.safetensors"), b);
+  CHECK(ad::bitwise_equal(a.emb.weight.value(), b.emb.weight.value()));
+  CHECK(ad::bitwise_equal(a.proj.weight.value(), b.proj.weight.value()));
+
+  // a file with both names (another writer) loads when they agree, and is refused, unchanged, when not
+  auto has = [](auto&& f, const std::string& needle) { return ad::test::throws_with(f, needle); };
+  ad::Rng r3(53);
+  TiedLM c(r3);
+  ad::NamedTensors both = nn::module_state(a);
+  REQUIRE(both.size() == 4);
+  CHECK_NOTHROW(nn::load_module_state(c, both));
+  CHECK(ad::bitwise_equal(a.emb.weight.value(), c.emb.weight.value()));
+  TiedLM d(r3);
+  Tensor d_before = d.emb.weight.value().clone();
+  ad::NamedTensors differ;
+  for (auto& nt : both) differ.emplace_back(nt.first, nt.first == "head.weight" ? nt.second.clone() : nt.second);
+  differ.back().second.data<float>()[0] += 1.0f;  // head.weight is last
+  CHECK(has([&] { nn::load_module_state(d, differ); },
+            "\"emb.weight\" and \"head.weight\" are one tied tensor of the module but hold different values"));
+  CHECK(ad::bitwise_equal(d_before, d.emb.weight.value()));
+  // only the second name present: loads; neither: names both
+  ad::NamedTensors second_only;
+  for (auto& nt : both) if (nt.first != "emb.weight") second_only.push_back(nt);
+  CHECK_NOTHROW(nn::load_module_state(d, second_only));
+  CHECK(ad::bitwise_equal(a.emb.weight.value(), d.emb.weight.value()));
+  ad::NamedTensors neither;
+  for (auto& nt : both) if (nt.first != "emb.weight" && nt.first != "head.weight") neither.push_back(nt);
+  CHECK(has([&] { nn::load_module_state(d, neither); }, "tied \"emb.weight\", \"head.weight\": all (f32[30,6]) is missing"));
+  CHECK_NOTHROW(nn::load_module_state(d, neither, false));
+
+  // a checkpoint: the module part once too, and it resumes
+  nn::AdamW opt(a.named_parameters());
+  ad::Graph g;
+  ad::backward(ad::sum(a.proj(a.emb(g.input(ad::test::index({1, 2, 3}, {3}))))));
+  opt.step();
+  nn::save_checkpoint(dir.file("c.safetensors"), a, opt);
+  ad::SafeTensors ck = ad::load_safetensors(dir.file("c.safetensors"));
+  CHECK(ck.find("model.head.weight") == nullptr);
+  nn::AdamW opt2(b.named_parameters());
+  nn::load_checkpoint(dir.file("c.safetensors"), b, opt2);
+  CHECK(ad::bitwise_equal(a.emb.weight.value(), b.emb.weight.value()));
+  CHECK(opt2.step_count() == 1);
+}
+
 TEST_CASE("nn safetensors fuzz corpus replay") {
   // Every file of the fuzzer's seed corpus through the fuzz entry point (which
   // also re-serialises what it accepted and checks the round trip);

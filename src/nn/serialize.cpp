@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <unordered_map>
 
@@ -17,26 +18,75 @@ NamedTensors module_state(const Module& m) {
 }
 
 namespace {
+// One tensor of the module under every name it has (a parameter tied under
+// two names: an embedding and the output head).
+struct Slot {
+  Tensor dst;
+  std::vector<std::string> names;
+};
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.raw() == b.raw() && a.shape() == b.shape() && a.dtype() == b.dtype();
+}
+std::vector<Slot> slots_of(const Module& m) {
+  std::vector<Slot> out;
+  std::unordered_multimap<const void*, std::size_t> at;  // data address -> slots starting there
+  for (auto& nt : module_state(m)) {
+    auto [lo, hi] = at.equal_range(nt.second.raw());
+    auto it = std::find_if(lo, hi, [&](const auto& e) { return same_tensor(out[e.second].dst, nt.second); });
+    if (it != hi) {
+      out[it->second].names.push_back(nt.first);
+    } else {
+      at.emplace(nt.second.raw(), out.size());
+      out.push_back({nt.second, {nt.first}});
+    }
+  }
+  return out;
+}
+// What is written to a file: each tensor once, under its first name.
+NamedTensors saved_state(const Module& m) {
+  NamedTensors out;
+  for (auto& s : slots_of(m)) out.emplace_back(s.names.front(), s.dst);
+  return out;
+}
+std::string joined(const std::vector<std::string>& names) {
+  std::string r;
+  for (const auto& n : names) r += (r.empty() ? "\"" : ", \"") + n + "\"";
+  return r;
+}
 // Checks `state` against the module; returns the (destination, source) pairs to copy.
 // `what` names the caller in errors (load_module_state, load_checkpoint).
+// A tied tensor needs one of its names in the source (files hold it once);
+// under several, they must hold the same values.
 std::vector<std::pair<Tensor, const Tensor*>> match_module_state(const Module& m, const NamedTensors& state, bool strict,
                                                                  const char* what) {
   const detail::NamedIndex src(state, what);
   std::set<std::string> names;
   std::vector<std::pair<Tensor, const Tensor*>> out;
-  for (const auto& d : module_state(m)) {
-    names.insert(d.first);
-    const Tensor* found = src.find(d.first);
+  for (const Slot& slot : slots_of(m)) {
+    const Tensor& d = slot.dst;
+    const Tensor* found = nullptr;
+    const std::string* found_name = nullptr;
+    for (const auto& name : slot.names) {
+      names.insert(name);
+      const Tensor* s = src.find(name);
+      if (!s) continue;
+      if (s->shape() != d.shape() || s->dtype() != d.dtype())
+        throw Error(fmt::format("{}: \"{}\" is {}{} in the source but {}{} in the module", what, name,
+                                dtype_name(s->dtype()), s->shape().str(), dtype_name(d.dtype()), d.shape().str()));
+      if (found && !bitwise_equal(*found, *s))
+        throw Error(fmt::format("{}: \"{}\" and \"{}\" are one tied tensor of the module but hold different values in "
+                                "the source",
+                                what, *found_name, name));
+      if (!found) { found = s; found_name = &name; }
+    }
     if (!found) {
-      if (strict) throw Error(fmt::format("{}: \"{}\" ({}{}) is missing", what, d.first, dtype_name(d.second.dtype()),
-                                          d.second.shape().str()));
+      if (strict)
+        throw Error(fmt::format("{}: {} ({}{}) is missing", what,
+                                slot.names.size() == 1 ? joined(slot.names) : "tied " + joined(slot.names) + ": all",
+                                dtype_name(d.dtype()), d.shape().str()));
       continue;
     }
-    const Tensor& s = *found;
-    if (s.shape() != d.second.shape() || s.dtype() != d.second.dtype())
-      throw Error(fmt::format("{}: \"{}\" is {}{} in the source but {}{} in the module", what, d.first,
-                              dtype_name(s.dtype()), s.shape().str(), dtype_name(d.second.dtype()), d.second.shape().str()));
-    out.emplace_back(d.second, &s);
+    out.emplace_back(d, found);
   }
   if (strict)
     for (const auto& nt : state)
@@ -72,7 +122,7 @@ void load_module_state(const Module& m, const NamedTensors& state, bool strict) 
 }
 
 void save_module(const std::string& path, const Module& m, const Metadata& metadata) {
-  save_safetensors(path, module_state(m), metadata);
+  save_safetensors(path, saved_state(m), metadata);
 }
 Metadata load_module(const std::string& path, const Module& m, bool strict) {
   SafeTensors st = load_safetensors(path);
@@ -126,7 +176,7 @@ constexpr std::string_view kModel = "model.", kOptim = "optim.";
 
 void save_checkpoint(const std::string& path, const Module& m, const Optimizer& opt, const Metadata& metadata) {
   NamedTensors all;
-  for (auto& nt : module_state(m)) all.emplace_back(std::string(kModel) + nt.first, nt.second);
+  for (auto& nt : saved_state(m)) all.emplace_back(std::string(kModel) + nt.first, nt.second);
   for (auto& nt : opt.state()) all.emplace_back(std::string(kOptim) + nt.first, nt.second);
   save_safetensors(path, all, with_optimizer(metadata, opt, "save_checkpoint"));
 }

@@ -8,17 +8,21 @@
 
 namespace ad::nn {
 
-// A module's parameters and buffers by name (handles sharing their storage).
+// A module's parameters and buffers by name (handles sharing their storage);
+// a parameter tied under several names appears under each.
 NamedTensors module_state(const Module& m);
 // Copies `state` into the module's parameters and buffers. Every name, shape
 // and dtype is checked before anything is copied, so a failed load changes
 // nothing. strict: every parameter and buffer must be present and every
 // tensor must belong to the module; otherwise absent ones are left as they
-// are and extra tensors ignored. Throws ad::Error naming the tensor.
+// are and extra tensors ignored. A tied parameter needs one of its names
+// (files written here hold it once); present under several, they must hold
+// the same bits. Throws ad::Error naming the tensor.
 void load_module_state(const Module& m, const NamedTensors& state, bool strict = true);
 
 // Parameters and buffers of `m` (names from named_parameters()) to `path`,
-// atomically (see save_safetensors).
+// atomically (see save_safetensors); a tied parameter once, under its first
+// name.
 void save_module(const std::string& path, const Module& m, const Metadata& metadata = {});
 // Loads a file written by save_module (or any safetensors file with these
 // names, shapes and dtypes) into `m`; returns the file's metadata.
