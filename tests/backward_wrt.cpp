@@ -66,7 +66,7 @@ TEST_CASE("backward_wrt: input gradients under every policy are keep_all's bits 
         CHECK(max_abs_diff(ref.input_grads[i], want) <= 1e-6 * (1 + max_abs(want)));
       }
     }
-    std::vector<Policy> pols{policy::sqrt_n(), policy::uniform(3),
+    std::vector<Policy> pols{policy::sqrt_n(), policy::uniform(3), policy::sqrt_n().offloaded(),
                              policy::budget(ref.report.predicted_peak_bytes * 3 / 4)};
     if (chain) pols.push_back(policy::optimal_chain(3));
     for (const Policy& pol : pols) {
@@ -87,6 +87,24 @@ TEST_CASE("backward_wrt: input gradients under every policy are keep_all's bits 
     }
   }
   CHECK(budget_runs >= 20);  // most graphs fit three quarters of keep_all's peak
+}
+
+TEST_CASE("backward_wrt: with compressed activations, the parameters' gradients are backward()'s") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    INFO("seed ", seed);
+    const Policy pol = policy::sqrt_n().compressed(DType::bf16);
+    std::vector<Tensor> want;
+    {
+      Graph g;
+      RandomDag d = random_dag(g, seed);
+      backward(d.loss, pol);
+      want = grads_of(d.params);
+    }
+    WrtOutcome o = run_wrt(seed, false, pol);
+    check_bitwise(o.param_grads, want);
+    CHECK(o.report.measured_peak_bytes <= o.report.predicted_peak_bytes);
+    for (const Tensor& t : o.input_grads) CHECK(all_finite(t));
+  }
 }
 
 TEST_CASE("backward_wrt: a two-stage pipeline gives the single graph's parameter gradients") {
