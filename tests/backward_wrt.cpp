@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -175,4 +177,82 @@ TEST_CASE("backward_wrt: bad arguments are ad::Errors naming the call") {
   EXPECT_ERROR(backward_wrt(Var{}, {x}), "backward_wrt", "undefined");
   // backward's own error points here
   EXPECT_ERROR(backward(loss), "does not depend on any Parameter", "backward_wrt");
+}
+
+namespace {
+// x -> tanh(matmul(., w_i)) x12 -> sum, f64 [8,16] values
+struct Chain {
+  std::vector<Parameter> w;
+  Tensor x;
+  Chain() {
+    Rng rng(5);
+    for (int i = 0; i < 12; ++i) w.push_back(Parameter::randn({16, 16}, rng, 0.3, DType::f64));
+    x = Tensor::randn({8, 16}, rng, DType::f64);
+  }
+  Var build(Graph& g, Var& xin) const {
+    xin = g.input(x);
+    Var h = xin;
+    for (const auto& p : w) h = tanh(matmul(h, p));
+    return sum(h);
+  }
+};
+}  // namespace
+
+// The executor and explain() took the last target for the end of the forward
+// pass: with backward_wrt's gradient targets that was the end of the backward.
+TEST_CASE("backward_wrt: the budget guard evicts forward values only, as for backward()") {
+  Chain c;
+  for (int wrt = 0; wrt < 2; ++wrt) {
+    INFO(std::string(wrt ? "backward_wrt" : "backward"));
+    for (auto& p : c.w) p.zero_grad();
+    Graph g;
+    Var x;
+    Var loss = c.build(g, x);
+    Plan p = wrt ? plan_backward_wrt(loss, {x}) : plan_backward(loss);
+    p.schedule.budget_bytes = p.schedule.predicted_peak_bytes / 2;  // too small: the guard must evict
+    Trace tr;
+    g.record(&tr);
+    RunStats st = execute(*p.graph, p.schedule);  // threw "nothing left to evict" for backward_wrt
+    g.record(nullptr);
+    CHECK(st.evictions > 0);
+    CHECK(st.measured_peak_bytes <= p.schedule.budget_bytes);
+    for (const TraceEvent& e : tr.events())
+      if (e.kind == TraceEvent::Kind::evict) CHECK(e.node <= loss.id());
+  }
+}
+
+TEST_CASE("backward_wrt: parameters' gradients are not copied, and explain() names gradient nodes as such") {
+  Chain c;
+  for (int wrt = 0; wrt < 2; ++wrt) {
+    INFO(std::string(wrt ? "backward_wrt" : "backward"));
+    for (auto& p : c.w) p.zero_grad();
+    for (int step = 0; step < 2; ++step) {  // the second adds to gradients that hold values
+      Graph g;
+      Var x;
+      Var loss = c.build(g, x);
+      auto d = default_allocator();
+      const std::int64_t n0 = d->allocations(), live0 = d->live_bytes();
+      d->reset_peak();
+      Report r = wrt ? backward_wrt(loss, {x}) : backward(loss);
+      if (step == 1) {
+        CHECK(d->allocations() - n0 == 0);  // backward_wrt copied 11 of them
+        CHECK(d->peak_bytes() - live0 == 0);
+      }
+      if (wrt) {
+        const std::string text = explain(*r.plan);
+        CHECK(text.find("gradient value") != std::string::npos);
+        std::istringstream lines(text);
+        int rows = 0;
+        for (std::string line; std::getline(lines, line);) {  // "| 7 | full | f64[] | ... | gradient value |"
+          if (line.size() < 3 || line[0] != '|' || !std::isdigit(static_cast<unsigned char>(line[2]))) continue;
+          const int id = std::stoi(line.substr(2));
+          if (id <= loss.id()) continue;
+          ++rows;
+          INFO(line);
+          CHECK((line.find("gradient value") != std::string::npos || line.find("a target") != std::string::npos));
+        }
+        CHECK(rows > 20);
+      }
+    }
+  }
 }

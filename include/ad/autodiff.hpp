@@ -10,8 +10,9 @@ namespace ad {
 
 // Appends to loss's graph the nodes computing d(loss)/d(w) for each w in
 // `wrt`, and returns them (same shapes as wrt). Nothing is computed: eval()
-// of a returned Var keeps every value it computes (no policy); for gradients
-// computed under a policy, use backward_wrt below.
+// of a returned Var computes it plainly (every value it needs kept until its
+// last use, no recomputation); for gradients computed under a policy, in the
+// parameters' pass, use backward_wrt below.
 // - loss must have one element, unless `seed` (the gradient of loss, same
 //   shape and dtype) is given; otherwise ad::Error.
 // - A w that loss does not depend on gets a zero gradient (a constant node).

@@ -50,6 +50,10 @@ struct Step {
 struct Schedule {
   std::vector<Step> steps;
   std::vector<std::int32_t> targets;  // nodes whose values are kept at the end
+  // Forward nodes are ids <= boundary: the largest of plan()'s `targets`
+  // (the loss); its `outputs` (gradients backward_wrt returns) come after.
+  // -1 (a schedule made by hand): the largest target.
+  std::int32_t boundary = -1;
   std::vector<Parameter> sinks;       // accumulate targets
   std::int64_t predicted_peak_bytes = 0;
   std::int64_t recomputed_nodes = 0;  // compute steps of nodes already computed earlier in the schedule
@@ -73,8 +77,12 @@ struct Sink {
 
 // Makes the schedule that computes `targets` (and the sinks' nodes, each
 // accumulated then freed) under `policy`, with the predicted peak filled in.
+// `outputs`: nodes of the backward pass (gradients) also kept at the end;
+// the forward pass ends at the largest target.
 Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks,
-              const Policy& policy);
+              const Policy& policy, const std::vector<std::int32_t>& outputs = {});
+// The last forward node of `s` (Schedule::boundary, or the largest target).
+std::int32_t forward_boundary(const Schedule& s);
 
 // Simulates `s` from static sizes: the maximum, over the run, of bytes
 // allocated in the graph's allocator above what was live when it started.

@@ -473,6 +473,7 @@ class SweepMemo {
   std::shared_ptr<Sweep> get(const Problem& p, const std::vector<FixedPoint>& fixed, std::int64_t top, bool reuse) {
     std::vector<std::uint64_t> key = PlanCache::key(p.g, p.targets, p.sinks);
     key.push_back(reuse);
+    key.push_back(static_cast<std::uint64_t>(p.boundary));  // where the forward pass ends among the targets
     std::lock_guard<std::mutex> lock(m_);
     for (auto it = entries_.begin(); it != entries_.end(); ++it)
       if (it->first == key) {

@@ -10,7 +10,7 @@ namespace ad::planner {
 
 struct Fates {
   std::size_t n = 0;                        // node ids < n appear in the schedule
-  std::int32_t boundary = -1;               // forward nodes: ids <= the last target
+  std::int32_t boundary = -1;               // forward nodes: ids <= forward_boundary(schedule)
   std::vector<std::int32_t> computes;       // compute steps per node
   std::vector<std::int32_t> recomputed;     // computes after the value had been freed
   std::vector<char> present_at_end, target, compressed, offloaded;
@@ -29,10 +29,8 @@ inline Fates fates(const Schedule& s) {
   f.target.assign(f.n, 0);
   f.compressed.assign(f.n, 0);
   f.offloaded.assign(f.n, 0);
-  for (auto t : s.targets) {
-    f.target[static_cast<std::size_t>(t)] = 1;
-    f.boundary = std::max(f.boundary, t);
-  }
+  for (auto t : s.targets) f.target[static_cast<std::size_t>(t)] = 1;
+  f.boundary = forward_boundary(s);
   for (const auto& st : s.steps) {
     auto u = static_cast<std::size_t>(st.node);
     if (st.kind == Step::Kind::compute) {

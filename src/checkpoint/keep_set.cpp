@@ -33,10 +33,12 @@ std::vector<char> writable_sinks(const GraphImpl& g, const std::vector<Sink>& si
   return w;
 }
 
-Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, const std::vector<Sink>& sk)
+Problem::Problem(const GraphImpl& graph, const std::vector<std::int32_t>& t, const std::vector<Sink>& sk,
+                 const std::vector<std::int32_t>& outputs)
     : g(graph), targets(t), sinks(sk) {
+  for (auto x : targets) boundary = std::max(boundary, x);
+  targets.insert(targets.end(), outputs.begin(), outputs.end());
   for (auto x : targets) hi = std::max(hi, x);
-  boundary = targets.empty() ? -1 : targets.front();
   for (const auto& s : sinks) hi = std::max(hi, s.node);
   auto n = static_cast<std::size_t>(hi + 1);
   needed.assign(n, 0);
@@ -129,6 +131,7 @@ Builder::Builder(const Problem& prob) : p(prob) {
   s.steps.reserve(3 * p.order.size());
   for (const auto& sk : p.sinks) s.sinks.push_back(sk.param);
   s.targets = p.targets;
+  s.boundary = p.boundary;
   // sinks that already hold a value are accumulated up front
   for (std::size_t i = 0; i < p.sinks.size(); ++i)
     if (present_[static_cast<std::size_t>(p.sinks[i].node)])

@@ -188,7 +188,7 @@ std::vector<char> keep_mask(const planner::Problem& p, const Policy& pol) {
   return keep;
 }
 // Bytes of forward values (computed here, owning memory) held right after the
-// last target (the loss) is first computed, not counting the target itself.
+// forward pass's last node (the loss) is first computed, not counting the targets.
 std::int64_t kept_bytes(const planner::Problem& p, const Schedule& s) {
   std::vector<std::int64_t> held(static_cast<std::size_t>(p.hi + 1), 0);  // bytes each value holds now
   std::int64_t live = 0;
@@ -221,10 +221,11 @@ std::int64_t kept_bytes(const planner::Problem& p, const Schedule& s) {
 }  // namespace
 
 Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks,
-              const Policy& policy) {
+              const Policy& policy, const std::vector<std::int32_t>& outputs) {
   auto t0 = std::chrono::steady_clock::now();
-  for (auto t : targets)
-    if (t < 0 || static_cast<std::size_t>(t) >= g.nodes.size()) throw Error(fmt::format("plan: target {} is not a node", t));
+  for (const auto* list : {&targets, &outputs})
+    for (auto t : *list)
+      if (t < 0 || static_cast<std::size_t>(t) >= g.nodes.size()) throw Error(fmt::format("plan: target {} is not a node", t));
   for (const auto& s : sinks)
     if (s.node < 0 || static_cast<std::size_t>(s.node) >= g.nodes.size())
       throw Error(fmt::format("plan: sink {} is not a node", s.node));
@@ -239,11 +240,14 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   std::optional<planner::Problem> prob;
   std::vector<char> mask;
   if (policy.kind == Policy::Kind::selective) {
-    prob.emplace(g, targets, sinks);
+    prob.emplace(g, targets, sinks, outputs);
     mask = keep_mask(*prob, policy);
   }
   if (policy.cache) {
-    key = PlanCache::key(g, targets, sinks);
+    std::vector<std::int32_t> all = targets;
+    all.insert(all.end(), outputs.begin(), outputs.end());
+    key = PlanCache::key(g, all, sinks);
+    key.push_back(outputs.size());  // which of them are outputs: the forward pass ends elsewhere
     // copies share the cache, and a copy may change any setting: every one is
     // part of the key
     key.push_back(static_cast<std::uint64_t>(policy.kind));
@@ -267,7 +271,7 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
       return s;
     }
   }
-  if (!prob) prob.emplace(g, targets, sinks);
+  if (!prob) prob.emplace(g, targets, sinks, outputs);
   planner::Problem& p = *prob;
   switch (policy.kind) {
     case Policy::Kind::budget: s = planner::budget(p, policy.budget_bytes, policy.reuse_buffers); break;
@@ -290,6 +294,13 @@ Schedule plan(GraphImpl& g, const std::vector<std::int32_t>& targets, const std:
   }
   s.plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return s;
+}
+
+std::int32_t forward_boundary(const Schedule& s) {
+  if (s.boundary >= 0) return s.boundary;
+  std::int32_t b = -1;
+  for (auto t : s.targets) b = std::max(b, t);
+  return b;
 }
 
 // Storage-exact simulation, replaying what the executor allocates. Each

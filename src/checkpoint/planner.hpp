@@ -26,9 +26,9 @@ struct Problem {
   std::vector<std::int32_t> targets;
   std::vector<Sink> sinks;
   std::int32_t hi = -1;        // largest node id involved
-  // forward nodes are ids <= boundary, the first target (the loss); later
-  // targets are gradients a caller wants back (backward_wrt), computed with
-  // the backward nodes and held like the loss
+  // forward nodes are ids <= boundary, the largest of the constructor's
+  // targets (the loss); its outputs (gradients backward_wrt returns) are
+  // appended to `targets`: computed with the backward nodes, held like the loss
   std::int32_t boundary = -1;
   std::vector<char> needed;    // computed at least once by any schedule (no value now)
   std::vector<char> pinned;    // never freed: leaves, values present before the run, targets
@@ -43,7 +43,8 @@ struct Problem {
   // the needed nodes, and targets, are never written in place.
   std::vector<std::int32_t> in_place;
 
-  Problem(const GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks);
+  Problem(const GraphImpl& g, const std::vector<std::int32_t>& targets, const std::vector<Sink>& sinks,
+          const std::vector<std::int32_t>& outputs = {});
   bool is_target(std::int32_t id) const;
   bool is_sink(std::int32_t id) const { return sink_mask[static_cast<std::size_t>(id)] != 0; }
   // Bytes the largest single step needs live at once: its inputs computed by

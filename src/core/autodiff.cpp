@@ -213,9 +213,7 @@ Plan plan_wrt(const Var& loss, const std::vector<Var>& wrt, const Policy& policy
   }
   const GraphImpl::WrtCacheEntry& e = wrt_grads(loss, wrt, seed);
   grad_ids = e.wrt_grads;
-  std::vector<std::int32_t> targets{loss.id()};
-  targets.insert(targets.end(), e.wrt_grads.begin(), e.wrt_grads.end());
-  return Plan{&g, plan(g, targets, e.sinks, policy), g.alive};
+  return Plan{&g, plan(g, {loss.id()}, e.sinks, policy, e.wrt_grads), g.alive};
 }
 }  // namespace
 

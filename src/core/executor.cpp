@@ -75,7 +75,8 @@ class Runner {
       evicted_.assign(g.nodes.size(), 0);
       last_.assign(g.nodes.size(), 0);
       for (auto t : s.targets)
-        if (t >= 0 && static_cast<std::size_t>(t) < g.nodes.size()) { target_.push_back(t); boundary_ = std::max(boundary_, t); }
+        if (t >= 0 && static_cast<std::size_t>(t) < g.nodes.size()) target_.push_back(t);
+      boundary_ = forward_boundary(s);
     }
   }
 
@@ -153,8 +154,7 @@ class Runner {
         const ParamState& ps = *s_.sinks[k].state();
         sink_before_[k] = {ps.grad.defined(), ps.grad_zero, ps.grad_fresh, false, {}};
       }
-    std::int32_t fwd_end = -1;  // forward nodes: up to the last target (gradient nodes come after it)
-    for (auto t : s_.targets) fwd_end = std::max(fwd_end, t);
+    const std::int32_t fwd_end = forward_boundary(s_);  // gradient nodes come after it
     had_value_.assign(g_.nodes.size(), 0);
     for (std::size_t i = 0; i < s_.steps.size(); ++i) {
       const Step& st = s_.steps[i];
@@ -717,7 +717,7 @@ class Runner {
   RunStats r_;
   std::int64_t budget_ = 0, clock_ = 0;
   int depth_ = 0;
-  std::int32_t boundary_ = -1;  // forward values are ids <= the last target
+  std::int32_t boundary_ = -1;  // forward values are ids <= forward_boundary(schedule)
   std::vector<std::int32_t> extra_, protect_;
   std::vector<char> mine_, evicted_;
   std::vector<std::int64_t> last_;
