@@ -246,3 +246,79 @@ TEST_CASE("edge: x / s divides (it multiplied by 1/s: one rounding more, and inf
   CHECK(yf[0] == 1.0);
   CHECK(yf[1] == static_cast<double>(10.0f / 3.0f));
 }
+
+TEST_CASE("edge: maximum and minimum split a tie's gradient, propagate NaN; clamp passes the bounds' gradient") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::f64, DType::f32}) {
+    INFO(dtype_name(t));
+    Graph g;
+    Var a = g.input(f64s({1, 2, 3, nan, inf, -inf}, {6}).to(t)), b = g.input(f64s({2, 2, 1, 0, inf, 5}, {6}).to(t));
+    Var mx = maximum(a, b), mn = minimum(a, b);
+    std::vector<double> vmx = eval(mx).to(DType::f64).to_vector(), vmn = eval(mn).to(DType::f64).to_vector();
+    CHECK(vmx[0] == 2);
+    CHECK(vmx[1] == 2);
+    CHECK(vmx[2] == 3);
+    CHECK(std::isnan(vmx[3]));
+    CHECK(vmx[4] == inf);
+    CHECK(vmx[5] == 5);
+    CHECK(vmn[0] == 1);
+    CHECK(vmn[2] == 1);
+    CHECK(std::isnan(vmn[3]));
+    CHECK(vmn[4] == inf);
+    CHECK(vmn[5] == -inf);
+    std::vector<Var> gmx = grad(sum(mx), {a, b}), gmn = grad(sum(mn), {a, b});
+    std::vector<double> ga = eval(gmx[0]).to(DType::f64).to_vector(), gb = eval(gmx[1]).to(DType::f64).to_vector();
+    const double want_a[] = {0, 0.5, 1, nan, 0.5, 0}, want_b[] = {1, 0.5, 0, nan, 0.5, 1};
+    for (std::size_t i = 0; i < 6; ++i) {
+      INFO("element ", i);
+      if (std::isnan(want_a[i])) {
+        CHECK(std::isnan(ga[i]));
+        CHECK(std::isnan(gb[i]));
+      } else {
+        CHECK(ga[i] == want_a[i]);
+        CHECK(gb[i] == want_b[i]);
+      }
+    }
+    std::vector<double> na = eval(gmn[0]).to(DType::f64).to_vector(), nb = eval(gmn[1]).to(DType::f64).to_vector();
+    CHECK(na[0] == 1);
+    CHECK(nb[0] == 0);
+    CHECK(na[1] == 0.5);
+    CHECK(na[2] == 0);
+    CHECK(nb[2] == 1);
+    CHECK(na[5] == 1);  // -inf is the smaller
+    // clamp: the bounds themselves pass the gradient; outside, 0; NaN stays NaN
+    Var x = g.input(f64s({-2, -1, 0, 1, 2, nan}, {6}).to(t));
+    Var y = clamp(x, -1, 1);
+    std::vector<double> vy = eval(y).to(DType::f64).to_vector(), gy = eval(grad(sum(y), {x})[0]).to(DType::f64).to_vector();
+    const double want_y[] = {-1, -1, 0, 1, 1, nan}, want_g[] = {0, 1, 1, 1, 0, nan};
+    for (std::size_t i = 0; i < 6; ++i) {
+      INFO("clamp element ", i);
+      if (std::isnan(want_y[i])) {
+        CHECK(std::isnan(vy[i]));
+        CHECK(std::isnan(gy[i]));
+      } else {
+        CHECK(vy[i] == want_y[i]);
+        CHECK(gy[i] == want_g[i]);
+      }
+    }
+    // one-sided
+    std::vector<double> lo_only = eval(clamp(x, 0, inf)).to(DType::f64).to_vector();
+    CHECK(lo_only[0] == 0);
+    CHECK(lo_only[4] == 2);
+    // bad bounds
+    EXPECT_ERROR(clamp(x, 1, -1), "clamp", "lo = 1 and hi = -1", "[6]");
+    EXPECT_ERROR(clamp(x, nan, 1), "clamp", "lo = nan");
+    EXPECT_ERROR(maximum(a, g.input(f64s({1, 2}, {2}).to(t))), "maximum", "shapes do not broadcast");
+  }
+  // sin and cos against std
+  Graph g;
+  Var x = g.input(f64s({-3, -0.5, 0, 1e-8, 2, 40}, {6}));
+  std::vector<double> xs = x.value().to_vector(), s = eval(sin(x)).to_vector(), c = eval(cos(x)).to_vector();
+  std::vector<double> ds = eval(grad(sum(sin(x)), {x})[0]).to_vector(), dc = eval(grad(sum(cos(x)), {x})[0]).to_vector();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    CHECK(s[i] == std::sin(xs[i]));
+    CHECK(c[i] == std::cos(xs[i]));
+    CHECK(ds[i] == std::cos(xs[i]));
+    CHECK(dc[i] == -std::sin(xs[i]));
+  }
+}

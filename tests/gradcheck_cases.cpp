@@ -2,6 +2,9 @@
 // exercise broadcasting, rank 1 / rank 3-4, size-1 dims, non-last axes,
 // transposes and batches. Inputs are kept in each op's smooth domain.
 // tests/gradcheck.cpp runs them and checks that every op of the table has them.
+#include <cmath>
+#include <limits>
+
 #include "test_util.hpp"
 
 namespace ad::test {
@@ -98,6 +101,34 @@ void elementwise(CaseList& c, Rng& rng) {
   const std::pair<Shape, Shape> shapes[] = {
       {{3, 4}, {3, 4}}, {{2, 3, 4}, {3, 1}}, {{4}, {2, 3, 4}},    {{2, 1}, {1, 3}},
       {{1}, {5}},       {{2, 3, 4}, {2, 1, 4}}, {{3, 1, 5}, {1, 4, 1}}, {{}, {3, 2}}};
+  // maximum / minimum: a on a grid of k + 0.2, b of k + 0.6 (k integer, small jitter): never within
+  // 0.3 of each other, in either order, however they broadcast
+  auto grid = [&rng](const Shape& s, double off) {
+    Tensor k = uniform64(s, rng, -3, 3), j = uniform64(s, rng, 0, 0.1);
+    double* p = k.data<double>();
+    const double* q = j.data<double>();
+    for (std::int64_t i = 0; i < k.numel(); ++i) p[i] = std::floor(p[i]) + off + q[i];
+    return k;
+  };
+  for (const auto& [sa, sb] : {std::pair<Shape, Shape>{{3, 4}, {3, 4}}, {{2, 3, 4}, {3, 1}}, {{2, 1}, {1, 3}}, {{}, {3, 2}}}) {
+    c.add(OpId::maximum, sa.str() + " , " + sb.str(), {grid(sa, 0.2), grid(sb, 0.6)},
+          [](const std::vector<Var>& v) { return maximum(v[0], v[1]); });
+    c.add(OpId::minimum, sa.str() + " , " + sb.str(), {grid(sa, 0.6), grid(sb, 0.2)},
+          [](const std::vector<Var>& v) { return minimum(v[0], v[1]); });
+  }
+  // sin, cos; clamp with x on a grid of k/2 + 1/4 (never within 0.2 of a bound at a multiple of 1/2)
+  for (const Shape& s : {Shape{3, 4}, Shape{2, 3, 5}, Shape{7}}) {
+    c.add(OpId::sin, s.str(), {randn64(s, rng, 0, 2)}, [](const std::vector<Var>& v) { return sin(v[0]); });
+    c.add(OpId::cos, s.str(), {randn64(s, rng, 0, 2)}, [](const std::vector<Var>& v) { return cos(v[0]); });
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const auto& [lo, hi] : {std::pair<double, double>{-0.5, 0.5}, {-inf, 0.5}, {-1.0, inf}, {0.0, 0.0}}) {
+    Tensor x = grid({4, 5}, 0.2);
+    double* p = x.data<double>();
+    for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] * 0.5 + 0.025;  // k/2 + 0.125 .. 0.175
+    c.add(OpId::clamp, fmt::format("[4,5] to [{}, {}]", lo, hi), {x},
+          [lo, hi](const std::vector<Var>& v) { return clamp(v[0], lo, hi); });
+  }
   for (const Bn& b : binary)
     for (const auto& [sa, sb] : shapes) {
       auto fn = b.fn;

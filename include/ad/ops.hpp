@@ -19,6 +19,11 @@ Var div(const Operand& a, const Operand& b);
 // a^b elementwise; d/da = b a^(b-1), 0 where b = 0 (a = 0 included); d/db
 // uses log(a), defined for a > 0.
 Var pow(const Operand& a, const Operand& b);
+// Elementwise larger / smaller (broadcasting). The gradient goes to the
+// chosen operand, half to each on a tie; NaN in either gives NaN (and NaN
+// gradients), as numpy's maximum.
+Var maximum(const Operand& a, const Operand& b);
+Var minimum(const Operand& a, const Operand& b);
 
 // ---- elementwise with a scalar ----
 Var add_scalar(const Operand& x, double s);   // x + s
@@ -40,6 +45,12 @@ Var sigmoid(const Operand& x);
 Var relu(const Operand& x);     // NaN stays NaN; d/dx = 1 for x > 0, else 0
 Var gelu(const Operand& x);     // exact: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 Var silu(const Operand& x);     // x * sigmoid(x)
+Var sin(const Operand& x);
+Var cos(const Operand& x);
+// min(max(x, lo), hi); lo = -inf or hi = inf for one bound. d/dx = 1 where
+// lo <= x <= hi (the bounds included), else 0; NaN stays NaN. lo > hi or a
+// NaN bound is an ad::Error.
+Var clamp(const Operand& x, double lo, double hi);
 // Converts between f32, f64, f16 and bf16 (f16/bf16 are storage only);
 // the gradient is cast back to the input's dtype.
 Var cast(const Operand& x, DType dtype);

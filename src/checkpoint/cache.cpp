@@ -37,6 +37,7 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
     k.push_back(static_cast<std::uint64_t>(a.start));
     k.push_back(static_cast<std::uint64_t>(a.stop));
     dbl(a.scalar);
+    dbl(a.scalar2);
     k.push_back(static_cast<std::uint64_t>(a.keepdim) | (static_cast<std::uint64_t>(a.trans_a) << 1) |
                 (static_cast<std::uint64_t>(a.trans_b) << 2) |
                 (static_cast<std::uint64_t>(a.causal) << 3) | (static_cast<std::uint64_t>(a.reduction) << 8) |

@@ -35,7 +35,8 @@ struct Attrs {
   Shape axes;                  // reduction axes (sorted, unique); permute order
   std::int64_t axis = 0;       // softmax/logsumexp/slice/concat/gather axis (non-negative)
   std::int64_t start = 0, stop = 0;  // slice bounds (normalised)
-  double scalar = 0;           // scalar operand, exponent, eps, dropout p, fill value
+  double scalar = 0;           // scalar operand, exponent, eps, dropout p, fill value; clamp: lo
+  double scalar2 = 0;          // clamp: hi
   bool keepdim = false;
   bool trans_a = false, trans_b = false;
   bool causal = false;         // attention: causal mask (bottom-right aligned); semiseparable_matvec: lower triangle of H

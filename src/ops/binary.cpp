@@ -91,4 +91,37 @@ const OpDef op_def_pow{.name = "pow", .args = "a,b", .arity = 2, .infer = infer_
                        .backward = pow_bwd, .saves = saves_input(0) | saves_input(1) | kSavesOutput, .overwrites = 0b11};
 Var pow(const Operand& a, const Operand& b) { return make_node(OpId::pow, {a, b}); }
 
+// ---- maximum / minimum ----  the gradient goes to the larger (smaller)
+// operand, half to each on a tie; NaN in either gives NaN, and NaN gradients.
+void maximum_cpu(const KernelArgs& k) { binary(k, "maximum", pw::Maximum{}); }
+AD_CUDA_ONLY(void maximum_cuda(const KernelArgs& k) { binary_cuda(k, pw::Maximum{}); })
+void minimum_cpu(const KernelArgs& k) { binary(k, "minimum", pw::Minimum{}); }
+AD_CUDA_ONLY(void minimum_cuda(const KernelArgs& k) { binary_cuda(k, pw::Minimum{}); })
+namespace {
+Var maximum_backward(const Var& a, const Var& b) { return make_node(OpId::maximum_backward, {a, b}); }
+}  // namespace
+// maximum: a's share is share(a, b), b's share(b, a); minimum the other way round
+void extremum_bwd(BackwardArgs& a, bool is_max) {
+  const Var &x = a.in[0], &y = a.in[1];
+  if (a.needs[0]) a.grad[0] = unbroadcast(mul(a.dout, is_max ? maximum_backward(x, y) : maximum_backward(y, x)), x);
+  if (a.needs[1]) a.grad[1] = unbroadcast(mul(a.dout, is_max ? maximum_backward(y, x) : maximum_backward(x, y)), y);
+}
+void maximum_bwd(BackwardArgs& a) { extremum_bwd(a, true); }
+void minimum_bwd(BackwardArgs& a) { extremum_bwd(a, false); }
+const OpDef op_def_maximum{.name = "maximum", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = maximum_cpu,
+                           .cuda = AD_CUDA_FN(maximum_cuda), .backward = maximum_bwd,
+                           .saves = saves_input(0) | saves_input(1), .overwrites = 0b11};
+const OpDef op_def_minimum{.name = "minimum", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = minimum_cpu,
+                           .cuda = AD_CUDA_FN(minimum_cuda), .backward = minimum_bwd,
+                           .saves = saves_input(0) | saves_input(1), .overwrites = 0b11};
+Var maximum(const Operand& a, const Operand& b) { return make_node(OpId::maximum, {a, b}); }
+Var minimum(const Operand& a, const Operand& b) { return make_node(OpId::minimum, {a, b}); }
+// maximum's backward: the share of its gradient that goes to a: 1 where
+// a > b, 1/2 where a == b, 0 where a < b (NaN where either is)
+void maximum_backward_cpu(const KernelArgs& k) { binary(k, "maximum_backward", pw::MaximumBackward{}); }
+AD_CUDA_ONLY(void maximum_backward_cuda(const KernelArgs& k) { binary_cuda(k, pw::MaximumBackward{}); })
+const OpDef op_def_maximum_backward{.name = "maximum_backward", .args = "a,b", .arity = 2, .infer = infer_broadcast,
+                                 .cpu = maximum_backward_cpu, .cuda = AD_CUDA_FN(maximum_backward_cuda),
+                                 .no_grad = "double backward is not supported", .overwrites = 0b11};
+
 }  // namespace ad

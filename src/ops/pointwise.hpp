@@ -36,6 +36,8 @@ AD_PW_UNARY(Sigmoid, math::sigmoid_(x))
 AD_PW_UNARY(Relu, x > T(0) ? x : (x == x ? T(0) : x))  // NaN -> NaN
 AD_PW_UNARY(Gelu, math::gelu(x))
 AD_PW_UNARY(Silu, math::silu(x))
+AD_PW_UNARY(Sin, std::sin(x))
+AD_PW_UNARY(Cos, std::cos(x))
 // ---- with a scalar ----
 AD_PW_SCALAR(AddScalar, x + static_cast<T>(s))
 AD_PW_SCALAR(MulScalar, x * static_cast<T>(s))
@@ -56,6 +58,24 @@ AD_PW_BINARY(Mul, a * b)
 AD_PW_BINARY(Div, a / b)
 AD_PW_BINARY(Pow, std::pow(a, b))
 AD_PW_BINARY(First, ((void)b, a))  // broadcast_to: a copy of a, broadcast
+// NaN in either operand gives NaN (a + b is NaN then), as numpy's maximum
+AD_PW_BINARY(Maximum, (a != a || b != b) ? a + b : (a > b ? a : b))
+AD_PW_BINARY(Minimum, (a != a || b != b) ? a + b : (a < b ? a : b))
+// the share of maximum(a, b)'s gradient that goes to a: 1, 1/2 on a tie, 0
+AD_PW_BINARY(MaximumBackward, (a != a || b != b) ? a + b : (a > b ? T(1) : (a == b ? T(0.5) : T(0))))
+// ---- clamp to [lo, hi] (NaN stays NaN), and its backward (saved x, dy) ----
+struct Clamp {
+  double lo, hi;
+  template <class T> AD_HD T operator()(T x) const {
+    return x < static_cast<T>(lo) ? static_cast<T>(lo) : (x > static_cast<T>(hi) ? static_cast<T>(hi) : x);
+  }
+};
+struct ClampBackward {  // dy where lo <= x <= hi (the bounds included), else 0; NaN for a NaN x
+  double lo, hi;
+  template <class T> AD_HD T operator()(T x, T dy) const {
+    return x != x ? x : (x >= static_cast<T>(lo) && x <= static_cast<T>(hi) ? dy : T(0));
+  }
+};
 
 #undef AD_PW_UNARY
 #undef AD_PW_BINARY
@@ -63,8 +83,8 @@ AD_PW_BINARY(First, ((void)b, a))  // broadcast_to: a copy of a, broadcast
 
 // The functors the CUDA backend instantiates (X-macro lists).
 #define AD_PW_UNARY_LIST(X) X(Neg) X(Exp) X(Log) X(Sqrt) X(Abs) X(Sign) X(Tanh) X(Sigmoid) X(Relu) X(Gelu) X(Silu) \
-  X(AddScalar) X(MulScalar) X(DivScalar) X(RsubScalar) X(RdivScalar) X(PowScalar)
+  X(Sin) X(Cos) X(AddScalar) X(MulScalar) X(DivScalar) X(RsubScalar) X(RdivScalar) X(PowScalar) X(Clamp)
 #define AD_PW_BINARY_LIST(X) X(TanhBackward) X(SigmoidBackward) X(ReluBackward) X(GeluBackward) X(SiluBackward) \
-  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First)
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First) X(Maximum) X(Minimum) X(MaximumBackward) X(ClampBackward)
 
 }  // namespace ad::pw

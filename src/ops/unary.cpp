@@ -167,6 +167,50 @@ AD_CUDA_ONLY(void silu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, 
 const OpDef op_def_silu_backward{.name = "silu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = silu_backward_cpu, .cuda = AD_CUDA_FN(silu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
 
+// ---- sin ----  d/dx sin x = cos x; saves input
+void sin_cpu(const KernelArgs& k) { unary(k, "sin", pw::Sin{}); }
+AD_CUDA_ONLY(void sin_cuda(const KernelArgs& k) { unary_cuda(k, pw::Sin{}); })
+void sin_bwd(BackwardArgs& a) { a.grad[0] = mul(a.dout, cos(a.in[0])); }
+const OpDef op_def_sin{.name = "sin", .args = "x", .arity = 1, .infer = infer_float1, .cpu = sin_cpu, .cuda = AD_CUDA_FN(sin_cuda),
+                       .backward = sin_bwd, .saves = saves_input(0), .overwrites = 0b01};
+Var sin(const Operand& x) { return un(OpId::sin, x); }
+
+// ---- cos ----  d/dx cos x = -sin x; saves input
+void cos_cpu(const KernelArgs& k) { unary(k, "cos", pw::Cos{}); }
+AD_CUDA_ONLY(void cos_cuda(const KernelArgs& k) { unary_cuda(k, pw::Cos{}); })
+void cos_bwd(BackwardArgs& a) { a.grad[0] = neg(mul(a.dout, sin(a.in[0]))); }
+const OpDef op_def_cos{.name = "cos", .args = "x", .arity = 1, .infer = infer_float1, .cpu = cos_cpu, .cuda = AD_CUDA_FN(cos_cuda),
+                       .backward = cos_bwd, .saves = saves_input(0), .overwrites = 0b01};
+Var cos(const Operand& x) { return un(OpId::cos, x); }
+
+// ---- clamp ----  min(max(x, lo), hi); d/dx = [lo <= x <= hi]; saves input
+Meta infer_clamp(const InferArgs& a) {
+  check_float_same(a);
+  const double lo = a.attrs.scalar, hi = a.attrs.scalar2;
+  if (std::isnan(lo) || std::isnan(hi) || lo > hi)
+    fail_shapes(a, fmt::format("bounds lo = {} and hi = {} do not make an interval (lo <= hi, neither NaN)", lo, hi));
+  return a[0];
+}
+void clamp_cpu(const KernelArgs& k) { unary(k, "clamp", pw::Clamp{k.attrs.scalar, k.attrs.scalar2}); }
+AD_CUDA_ONLY(void clamp_cuda(const KernelArgs& k) { unary_cuda(k, pw::Clamp{k.attrs.scalar, k.attrs.scalar2}); })
+void clamp_bwd(BackwardArgs& a) { a.grad[0] = make_node(OpId::clamp_backward, {a.in[0], a.dout}, a.attrs); }
+const OpDef op_def_clamp{.name = "clamp", .args = "x", .arity = 1, .infer = infer_clamp, .cpu = clamp_cpu, .cuda = AD_CUDA_FN(clamp_cuda),
+                         .backward = clamp_bwd, .saves = saves_input(0), .overwrites = 0b01};
+Var clamp(const Operand& x, double lo, double hi) {
+  Attrs at;
+  at.scalar = lo;
+  at.scalar2 = hi;
+  return make_node(OpId::clamp, {x}, at);
+}
+void clamp_backward_cpu(const KernelArgs& k) {
+  binary_same(k, "clamp_backward", pw::ClampBackward{k.attrs.scalar, k.attrs.scalar2});
+}
+AD_CUDA_ONLY(void clamp_backward_cuda(const KernelArgs& k) {
+  binary_same_cuda(k, pw::ClampBackward{k.attrs.scalar, k.attrs.scalar2});
+})
+const OpDef op_def_clamp_backward{.name = "clamp_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
+                                  .cpu = clamp_backward_cpu, .cuda = AD_CUDA_FN(clamp_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+
 // ---- add_scalar ----  x + s; d/dx = 1
 void add_scalar_cpu(const KernelArgs& k) {
   double s = k.attrs.scalar;
