@@ -322,3 +322,47 @@ TEST_CASE("edge: maximum and minimum split a tie's gradient, propagate NaN; clam
     CHECK(dc[i] == -std::sin(xs[i]));
   }
 }
+
+TEST_CASE("edge: detach is x, shares its memory, and stops the gradient (not an error)") {
+  Rng rng(23);
+  Graph g;
+  Var x = g.input(randn64({3, 4}, rng));
+  Var d = detach(x);
+  CHECK(d.shape() == x.shape());
+  CHECK(bitwise_equal(eval(d), x.value()));
+  CHECK(eval(d).raw() == x.value().raw());  // a view
+  // x * detach(x): the gradient is detach(x) = x, not 2x
+  std::vector<double> xs = x.value().to_vector(), gx = eval(grad(sum(mul(x, d)), {x})[0]).to_vector();
+  for (std::size_t i = 0; i < xs.size(); ++i) CHECK(gx[i] == xs[i]);
+  // a straight-through estimator: forward sign(x), gradient 1
+  Var st = add(x, detach(sub(sign(x), x)));
+  std::vector<double> sv = eval(st).to_vector(), sg = eval(grad(sum(st), {x})[0]).to_vector();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    CHECK(sv[i] == (xs[i] > 0 ? 1.0 : -1.0));
+    CHECK(sg[i] == 1.0);
+  }
+  // only through detach: a zero gradient, no error; integer inputs detach too
+  CHECK(eval(grad(sum(detach(tanh(x))), {x})[0]).to_vector() == std::vector<double>(12, 0.0));
+  Var ids = g.input(index({0, 2, 1}, {3}));
+  CHECK(eval(detach(ids)).dtype() == DType::i64);
+  // a parameter read only through detach gets zeros from backward; one read both ways, the live path's
+  Parameter w = Parameter::randn({4, 4}, rng, 0.5, DType::f64), v = Parameter::randn({4, 4}, rng, 0.5, DType::f64);
+  for (const Policy& pol : {policy::keep_all(), policy::sqrt_n()}) {
+    w.zero_grad();
+    v.zero_grad();
+    Graph g2;
+    Var h = tanh(matmul(g2.input(x.value()), w));
+    Var loss = sum(mul(tanh(matmul(detach(h), v)), h));
+    backward(loss, pol);
+    Graph g3;  // the same function with detach(h) fed in as an input: the reference for both gradients
+    Var h3 = tanh(matmul(g3.input(x.value()), w));
+    Var loss3 = sum(mul(tanh(matmul(g3.input(eval(h3).clone()), v)), h3));
+    std::vector<Var> want = grad(loss3, {g3.param(w), g3.param(v)});
+    CHECK(max_abs_diff(w.grad(), eval(want[0])) <= 1e-14);
+    CHECK(max_abs_diff(v.grad(), eval(want[1])) <= 1e-14);
+    Parameter u = Parameter::randn({4}, rng, 0.5, DType::f64);
+    Graph g4;
+    backward(sum(mul(detach(add(g4.input(x.value()), u)), g4.input(x.value()))) + sum(mul(g4.param(v), v)), pol);
+    CHECK(u.grad().to_vector() == std::vector<double>(4, 0.0));
+  }
+}

@@ -70,6 +70,10 @@ Var matmul(const Operand& a, const Operand& b, bool trans_a = false, bool trans_
 // New shape with the same number of elements; one dim may be -1. A view:
 // shares the input's memory.
 Var reshape(const Operand& x, const Shape& shape);
+// x itself (a view: no copy), but a constant to differentiation: no gradient
+// flows through it to x (a stop-gradient: targets, straight-through
+// estimators, a frozen branch). x may be of any dtype.
+Var detach(const Operand& x);
 // Reorders dims: out.shape[i] = x.shape[perm[i]].
 Var permute(const Operand& x, const Shape& perm);
 // Swaps two dims.

@@ -35,9 +35,11 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   // wants[i]: a gradient must flow into node i (it is in wrt, or leads to it)
   std::vector<char> wants(n, 0);
   for (const auto& w : wrt) if (w.id() <= L) wants[static_cast<std::size_t>(w.id())] = 1;
-  for (std::int32_t id = 0; id <= L; ++id)
+  for (std::int32_t id = 0; id <= L; ++id) {
+    if (op_def(g.node(id).op).stops_gradient) continue;  // detach: a constant to what reads it
     for (auto in : g.node(id).inputs)
       if (wants[static_cast<std::size_t>(in)]) { wants[static_cast<std::size_t>(id)] = 1; break; }
+  }
 
   std::vector<Var> grads(n);
   if (wants[static_cast<std::size_t>(L)])
@@ -49,6 +51,7 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
     if (!grads[u].defined() || g.is_leaf(id)) continue;
     const Node& nd = g.node(id);  // copied out below: rules append nodes
     const OpDef& def = op_def(nd.op);
+    if (def.stops_gradient) continue;
     bool any = false;
     for (auto in : nd.inputs) any |= wants[static_cast<std::size_t>(in)] != 0;
     if (!any) continue;

@@ -149,6 +149,9 @@ struct OpDef {
   // the input before writing element j of the output (out may equal it).
   // Only inputs with the output's shape, dtype and device qualify.
   std::uint8_t overwrites = 0;
+  // detach: no gradient flows through the output, by design (grad() treats
+  // it as a constant; no_grad says so). Not an error, unlike a missing rule.
+  bool stops_gradient = false;
 };
 
 // An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA

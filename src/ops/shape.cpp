@@ -61,6 +61,16 @@ Var reshape(const Operand& x, const Shape& shape) {
   return v;
 }
 
+// ---- detach ----  x itself (a view of any dtype), through which no gradient flows
+Meta infer_detach(const InferArgs& a) { return a[0]; }
+void detach_cpu(const KernelArgs& k) { k.out = k[0]; }
+AD_CUDA_ONLY(void detach_cuda(const KernelArgs& k) { detach_cpu(k); })
+const OpDef op_def_detach{.name = "detach", .args = "x", .arity = 1, .infer = infer_detach, .cpu = detach_cpu,
+                          .cuda = AD_CUDA_FN(detach_cuda), .no_grad = "detach stops the gradient by design",
+                          .flops = [](const InferArgs&, const Meta&) { return 0.0; }, .view = true,
+                          .stops_gradient = true};
+Var detach(const Operand& x) { return make_node(OpId::detach, {x}); }
+
 // ---- permute ----  out.shape[i] = x.shape[perm[i]]
 Meta infer_permute(const InferArgs& a) {
   const Shape& p = a.attrs.axes;
