@@ -122,7 +122,8 @@ void elementwise(CaseList& c, Rng& rng) {
     c.add(OpId::cos, s.str(), {randn64(s, rng, 0, 2)}, [](const std::vector<Var>& v) { return cos(v[0]); });
   }
   const double inf = std::numeric_limits<double>::infinity();
-  for (const auto& [lo, hi] : {std::pair<double, double>{-0.5, 0.5}, {-inf, 0.5}, {-1.0, inf}, {0.0, 0.0}}) {
+  for (const auto& bounds : {std::pair<double, double>{-0.5, 0.5}, {-inf, 0.5}, {-1.0, inf}, {0.0, 0.0}}) {
+    const double lo = bounds.first, hi = bounds.second;  // not structured bindings: clang 14 lambdas cannot capture them
     Tensor x = grid({4, 5}, 0.2);
     double* p = x.data<double>();
     for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] * 0.5 + 0.025;  // k/2 + 0.125 .. 0.175
