@@ -175,6 +175,10 @@ TEST_CASE("backward_wrt: bad arguments are ad::Errors naming the call") {
                "another graph");
   EXPECT_ERROR(backward_wrt(tanh(x), {x}), "backward_wrt", "not a scalar");
   EXPECT_ERROR(backward_wrt(Var{}, {x}), "backward_wrt", "undefined");
+  EXPECT_ERROR(backward_wrt(tanh(x), {x}, policy::keep_all(), g.input(Tensor::ones({4, 3}, DType::f64))),
+               "backward_wrt: seed f64[4,3] does not match loss f32[4,3]");
+  EXPECT_ERROR(backward_wrt(tanh(x), {x}, policy::keep_all(), other.input(Tensor::ones({4, 3}))),
+               "backward_wrt: seed", "another graph");
   // backward's own error points here
   EXPECT_ERROR(backward(loss), "does not depend on any Parameter", "backward_wrt");
 }

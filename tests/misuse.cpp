@@ -85,7 +85,9 @@ TEST_CASE("misuse: dtype mismatch and integer or storage dtypes in float ops") {
 TEST_CASE("misuse: matmul") {
   ad::Graph g;
   ad::Var a = g.input(randn({32, 64})), b = g.input(randn({65, 10}));
-  EXPECT_ERROR(ad::matmul(a, b), "matmul: inner dims differ: a f32[32,64] vs b f32[65,10]");
+  EXPECT_ERROR(ad::matmul(a, b), "matmul: inner dims differ (64 of a vs 65 of b): a f32[32,64] vs b f32[65,10]");
+  EXPECT_ERROR(ad::matmul(g.input(randn({2, 3, 4})), g.input(randn({2, 4, 5})), true, false),
+               "inner dims differ (3 of a transposed vs 4 of b)");
   EXPECT_ERROR(ad::matmul(a, g.input(randn({10, 65})), false, true), "matmul: inner dims differ", "f32[10,65]");
   EXPECT_ERROR(ad::matmul(g.input(randn({64, 32})), b, true, false), "matmul: inner dims differ", "f32[64,32]");
   // a scalar has no matrix product; a vector must still match K

@@ -96,7 +96,10 @@ Policy selective(KeepFn keep);
 Policy budget(std::int64_t bytes);
 // For chain-shaped graphs: Revolve / binomial checkpointing (Griewank and
 // Walther) with `slots` snapshots (counting the one holding the input);
-// executes the minimum number of forward steps. Throws ad::Error for
+// executes the minimum number of forward steps for that many snapshots, in
+// Revolve's model, where reversing a step recomputes it: T(l, s) + l step
+// computations for l steps, 2l - 1 even with slots >= l (keep_all computes
+// each once: use this policy when memory is short, not to save time). Throws ad::Error for
 // slots < 1, and (from backward) if the graph is not a chain.
 Policy optimal_chain(std::int32_t slots);
 }  // namespace policy

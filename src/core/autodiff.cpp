@@ -99,12 +99,19 @@ namespace {
 void check_loss(const Var& loss, const Var& seed, const char* op) {
   if (!loss.defined()) throw Error(fmt::format("{}: loss is an undefined Var", op));
   GraphImpl& g = *loss.graph();
+  if (seed.defined()) {
+    if (seed.graph() != &g) throw Error(fmt::format("{}: seed {} belongs to another graph than the loss", op, seed.str()));
+    const Meta &sm = g.node(seed.id()).meta, &lm = g.node(loss.id()).meta;
+    if (!(sm.shape == lm.shape) || sm.dtype != lm.dtype)
+      throw Error(fmt::format("{}: seed {} does not match loss {}", op, describe(sm), describe(lm)));
+  }
   if (!seed.defined() && g.node(loss.id()).meta.shape.numel() != 1)
     throw Error(fmt::format("{}: loss {} is not a scalar; reduce it (ad::sum, ad::mean) or pass a seed "
                             "gradient of its shape",
                             op, loss.str()));
 }
-// The parameters `loss` depends on, in node order.
+// The parameters `loss` depends on differentiably (not only through detach),
+// in node order: only they get gradients (and step in an optimizer).
 std::vector<Var> params_of(const Var& loss) {
   GraphImpl& g = *loss.graph();
   const std::int32_t L = loss.id();
@@ -115,6 +122,7 @@ std::vector<Var> params_of(const Var& loss) {
     if (!reach[static_cast<std::size_t>(id)]) continue;
     const Node& nd = g.node(id);
     if (nd.op == OpId::parameter) params.emplace_back(&g, id);
+    if (op_def(nd.op).stops_gradient) continue;
     for (auto in : nd.inputs) reach[static_cast<std::size_t>(in)] = 1;
   }
   std::reverse(params.begin(), params.end());
@@ -182,8 +190,9 @@ Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
   if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
     std::vector<Var> params = params_of(loss);
     if (params.empty())
-      throw Error(fmt::format("backward: loss {} does not depend on any Parameter; use ad::backward_wrt(loss, "
-                              "wrt, policy) or ad::grad(loss, wrt) to differentiate with respect to inputs",
+      throw Error(fmt::format("backward: loss {} does not depend on any Parameter (other than through "
+                              "detach); use ad::backward_wrt(loss, wrt, policy) or ad::grad(loss, wrt) to "
+                              "differentiate with respect to inputs",
                               loss.str()));
     auto grads = grad(loss, params, seed);
     GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};

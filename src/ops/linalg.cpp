@@ -92,7 +92,9 @@ Meta infer_matmul(const InferArgs& a) {
   std::int64_t ka = sa.rank() == 1 ? sa[0] : ta ? sa[sa.rank() - 2] : sa.back();
   std::int64_t kb = sb.rank() == 1 ? sb[0] : tb ? sb.back() : sb[sb.rank() - 2];
   std::int64_t n = sb.rank() == 1 ? 1 : tb ? sb[sb.rank() - 2] : sb.back();
-  if (ka != kb) fail_shapes(a, "inner dims differ");
+  if (ka != kb)
+    fail_shapes(a, fmt::format("inner dims differ ({} of a{} vs {} of b{})", ka, ta ? " transposed" : "", kb,
+                               tb ? " transposed" : ""));
   Shape out;
   if (!broadcast_shapes(batch_of(sa), batch_of(sb), out))
     fail_shapes(a, "batch dims differ (aligned from the right, each pair must be equal or one of them 1)");
