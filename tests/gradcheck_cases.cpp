@@ -347,6 +347,7 @@ std::vector<GradCase> gradcheck_cases() {
   attention_gradcheck_cases(c.v, rng);
   semicrf_gradcheck_cases(c.v, rng);
   semiseparable_gradcheck_cases(c.v, rng);
+  conv_gradcheck_cases(c.v, rng);
   return std::move(c.v);
 }
 

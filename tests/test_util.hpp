@@ -138,6 +138,8 @@ void attention_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 void semicrf_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 // Cases of the semiseparable ops (tests/semiseparable.cpp).
 void semiseparable_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
+// Cases of conv2d, its gradients and max_pool2d (tests/conv.cpp).
+void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng);
 
 struct Mismatch {
   std::size_t input;

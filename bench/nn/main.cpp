@@ -12,6 +12,7 @@
 //   bench_nn [--n N] [--reps R] [--json] [--dir DIR]
 #include <ad/ad.hpp>
 #include "../cli.hpp"
+#include "../timing.hpp"
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -27,19 +28,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double median_ms(int reps, const std::function<void()>& f) {
-  f();  // warm-up
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench_time::median_ms;
 
 struct Row {
   std::string what;

@@ -2,6 +2,7 @@
 // ad — a C++ autodiff engine with built-in rematerialisation. One include.
 #include "ad/attention.hpp"
 #include "ad/autodiff.hpp"
+#include "ad/conv.hpp"
 #include "ad/cuda.hpp"
 #include "ad/dist.hpp"
 #include "ad/error.hpp"

@@ -42,6 +42,9 @@ std::vector<std::uint64_t> PlanCache::key(const GraphImpl& g, const std::vector<
                 (static_cast<std::uint64_t>(a.trans_b) << 2) |
                 (static_cast<std::uint64_t>(a.causal) << 3) | (static_cast<std::uint64_t>(a.reduction) << 8) |
                 (static_cast<std::uint64_t>(a.dtype) << 16) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.which)) << 32));
+    for (int i = 0; i < 2; ++i)
+      for (std::int64_t v : {a.stride[i], a.pad[i], a.dilation[i], a.window[i]}) k.push_back(static_cast<std::uint64_t>(v));
+    k.push_back(static_cast<std::uint64_t>(a.groups));
     // not a.seed or a.offset: a random op's stream position changes every
     // step (dropout drawn from an Rng) and changes no size, cost or step
     // The workspace the op asks for: a planner input that may depend on more

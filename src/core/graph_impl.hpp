@@ -44,6 +44,8 @@ struct Attrs {
   std::int32_t which = 0;      // multi-part backward: which gradient this node is
   DType dtype = DType::f32;    // cast / full target dtype
   std::uint64_t seed = 0, offset = 0;  // random ops
+  // conv2d and its gradients, max_pool2d: (h, w) pairs; window: max_pool2d's KH, KW
+  std::int64_t stride[2] = {1, 1}, pad[2] = {0, 0}, dilation[2] = {1, 1}, window[2] = {0, 0}, groups = 1;
 };
 
 struct ParamState : std::enable_shared_from_this<ParamState> {

@@ -32,8 +32,10 @@ int as_int(std::int64_t v) {
 // cuBLAS is column-major: row-major C = op(A) op(B) is column-major
 // C^T = op(B)^T op(A)^T, i.e. the same call with A and B swapped.
 void gemm(DType t, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
-          const void* a, std::int64_t stride_a, const void* b, std::int64_t stride_b, void* c, std::int64_t stride_c) {
+          const void* a, std::int64_t stride_a, const void* b, std::int64_t stride_b, void* c, std::int64_t stride_c,
+          bool accumulate) {
   if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0 && accumulate) return;
   if (k == 0) {
     AD_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(t), 0));
     return;
@@ -42,14 +44,14 @@ void gemm(DType t, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::in
   int lda = as_int(ta ? m : k), ldb = as_int(tb ? k : n), ldc = as_int(n);
   int M = as_int(m), N = as_int(n), K = as_int(k), B = as_int(batch);
   if (t == DType::f32) {
-    const float one = 1, zero = 0;
+    const float one = 1, beta = accumulate ? 1.0f : 0.0f;
     AD_CUBLAS_CHECK(cublasSgemmStridedBatched(handle(), opb, opa, N, M, K, &one, static_cast<const float*>(b), ldb,
-                                              stride_b, static_cast<const float*>(a), lda, stride_a, &zero,
+                                              stride_b, static_cast<const float*>(a), lda, stride_a, &beta,
                                               static_cast<float*>(c), ldc, stride_c, B));
   } else {
-    const double one = 1, zero = 0;
+    const double one = 1, beta = accumulate ? 1.0 : 0.0;
     AD_CUBLAS_CHECK(cublasDgemmStridedBatched(handle(), opb, opa, N, M, K, &one, static_cast<const double*>(b), ldb,
-                                              stride_b, static_cast<const double*>(a), lda, stride_a, &zero,
+                                              stride_b, static_cast<const double*>(a), lda, stride_a, &beta,
                                               static_cast<double*>(c), ldc, stride_c, B));
   }
 }

@@ -8,6 +8,7 @@
 
 #include "ad/dtype.hpp"
 #include "ad/shape.hpp"
+#include "ops/conv_math.hpp"
 #include "ops/pointwise.hpp"
 #include "ops/rows.hpp"
 
@@ -42,9 +43,10 @@ namespace ad::cuda_k {
 // ---- cuBLAS (src/cuda/blas.cpp) ----
 // Row-major C_i = op(A_i) op(B_i) for i < batch, op = transpose when ta/tb;
 // A_i = a + i * stride_a (stride 0: the same matrix for every i), likewise B
-// and C. f32 or f64. K = 0 gives zeros.
+// and C. f32 or f64. K = 0 gives zeros. accumulate: C_i += ... instead.
 void gemm(DType t, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
-          const void* a, std::int64_t stride_a, const void* b, std::int64_t stride_b, void* c, std::int64_t stride_c);
+          const void* a, std::int64_t stride_a, const void* b, std::int64_t stride_b, void* c, std::int64_t stride_c,
+          bool accumulate = false);
 
 }  // namespace ad::cuda_k
 
@@ -109,6 +111,16 @@ void gather_backward(DType t, const void* dy, std::int64_t outer, std::int64_t l
 }  // namespace ad::cuda_k
 
 namespace ad::cuda_k {
+
+// ---- convolution and pooling (src/cuda/conv.cu) ----
+// Geometry and layouts: ops/conv_math.hpp. f32 or f64.
+// cols [cnt][g.rows()][g.l()] = the columns of images n0 .. n0 + cnt - 1 of x.
+void im2col(DType t, const conv::Geom& g, const void* x, std::int64_t n0, std::int64_t cnt, void* cols);
+// dx [cnt][C][H][W] = col2im of cols [cnt][g.rows()][g.l()] (written, not added).
+void col2im(DType t, const conv::Geom& g, const void* cols, std::int64_t cnt, void* dx);
+// y [N][C][HO][WO] = the windows' maxima of x; dx = max_pool2d's gradient for dy.
+void max_pool2d(DType t, const conv::Geom& g, const void* x, void* y);
+void max_pool2d_backward(DType t, const conv::Geom& g, const void* x, const void* dy, void* dx);
 
 // ---- normalisation over the last dim d (src/cuda/norm.cu) ----
 // The row functors of ops/norm_math.hpp, one thread per row. The dgamma

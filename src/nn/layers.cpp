@@ -1,4 +1,5 @@
 #include "ad/nn/layers.hpp"
+#include "core/graph_impl.hpp"
 
 #include <fmt/format.h>
 
@@ -64,6 +65,34 @@ Var Linear::operator()(const Var& x) const {
   Var y = matmul(vec ? reshape(x, Shape{1, x.shape()[0]}) : x, weight, false, true);
   if (vec) y = reshape(y, Shape{out_features});
   return bias.defined() ? add(y, bias) : y;
+}
+Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng, Conv2dLayerOptions o)
+    : in_channels(in), out_channels(out), conv(o.conv) {
+  check_positive("Conv2d", "in_channels", in);
+  check_positive("Conv2d", "out_channels", out);
+  check_positive("Conv2d", "kernel height", kernel[0]);
+  check_positive("Conv2d", "kernel width", kernel[1]);
+  check_positive("Conv2d", "groups", o.conv.groups);
+  check_dtype("Conv2d", o.dtype);
+  if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
+    throw Error(fmt::format("Conv2d: groups ({}) must divide in_channels ({}) and out_channels ({})", o.conv.groups, in,
+                            out));
+  const std::int64_t fan_in = in / o.conv.groups * kernel[0] * kernel[1];
+  const double k = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  weight = Parameter(Tensor::uniform({out, in / o.conv.groups, kernel[0], kernel[1]}, rng, o.dtype, -k, k), "weight");
+  if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+}
+Var Conv2d::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("Conv2d: use of a default-constructed layer");
+  Var y = conv2d(x, weight, conv);
+  if (!bias.defined()) return y;
+  // the bias [out] as [out, 1, 1], in y's graph (a reshape of a Parameter alone has none)
+  Var b{y.graph(), y.graph()->param_node(bias.state())};
+  return add(y, reshape(b, Shape{out_channels, 1, 1}));
+}
+void Conv2d::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
 }
 void Linear::visit(Visitor& v) const {
   v.parameter("weight", weight);

@@ -1,11 +1,7 @@
 // Matrix products through OpenBLAS.
-#include <cblas.h>
-
-#include <climits>
-#include <cstring>
-
 #include "core/graph_impl.hpp"
 #include "core/kernels.hpp"
+#include "ops/blas_cpu.hpp"
 #if AD_HAVE_CUDA
 #include "cuda/launch.hpp"
 #endif
@@ -63,22 +59,9 @@ MatmulDims matmul_dims(const Shape& a, const Shape& b, bool ta, bool tb) {
   d.off_b = batch_offsets(bb, out);
   return d;
 }
-void check_blas_int(std::int64_t v) {
-  if (v > INT_MAX) kernel_fail("matmul", fmt::format("dimension {} exceeds the BLAS integer range", v));
-}
 template <class T>
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, const T* b, T* c) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) { std::memset(c, 0, static_cast<std::size_t>(m * n) * sizeof(T)); return; }
-  check_blas_int(m); check_blas_int(n); check_blas_int(k);
-  auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-  int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n), ldc = static_cast<int>(n);
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0f, a, lda, b,
-                ldb, 0.0f, c, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, TA, TB, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.0, a, lda, b,
-                ldb, 0.0, c, ldc);
+  blas::gemm("matmul", ta, tb, m, n, k, a, b, c);
 }
 }  // namespace
 

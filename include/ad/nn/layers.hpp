@@ -1,11 +1,12 @@
 #pragma once
-// Basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, MLP.
+// Basic layers: Linear, Conv2d, Embedding, LayerNorm, RMSNorm, Dropout, MLP.
 // Each builds its output from ad ops (so autodiff and rematerialisation see
 // ordinary nodes) and initialises its parameters from an ad::Rng; the same
 // seed gives the same parameters, bit for bit. Parameter dtype: f32 or f64.
 #include <cstdint>
 #include <vector>
 
+#include "ad/conv.hpp"
 #include "ad/nn/module.hpp"
 #include "ad/ops.hpp"
 #include "ad/rng.hpp"
@@ -38,6 +39,30 @@ class Linear : public Module {
   void visit(Visitor& v) const override;
 
   std::int64_t in_features = 0, out_features = 0;
+  Parameter weight, bias;  // bias undefined without options.bias
+};
+
+struct Conv2dLayerOptions {
+  Conv2dOptions conv;  // stride, padding, dilation, groups
+  bool bias = true;
+  DType dtype = DType::f32;
+};
+
+// y = conv2d(x, W) + b (include/ad/conv.hpp). Parameters "weight" [out,
+// in/groups, kh, kw] and "bias" [out] (PyTorch's layout), both ~ U(-k, k)
+// with k = 1/sqrt(in/groups * kh * kw) (PyTorch's default).
+// x [N, in, H, W] -> [N, out, HO, WO]; throws ad::Error (from conv2d) on a
+// shape mismatch, and here when groups does not divide in and out.
+class Conv2d : public Module {
+ public:
+  Conv2d() = default;
+  Conv2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel, Rng& rng,
+         Conv2dLayerOptions options = {});
+  Var operator()(const Var& x) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t in_channels = 0, out_channels = 0;
+  Conv2dOptions conv;
   Parameter weight, bias;  // bias undefined without options.bias
 };
 

@@ -1,0 +1,427 @@
+// conv2d, conv1d, max_pool2d and avg_pool2d against plain-loop references in
+// f64 (values and gradients), their gradcheck cases, errors, and a small CNN
+// under rematerialisation policies.
+#include <limits>
+
+#include "test_util.hpp"
+
+namespace ad::test {
+
+namespace {
+struct ConvCase {
+  Shape x, w;
+  Conv2dOptions o;
+};
+std::string conv_label(const ConvCase& c) {
+  return fmt::format("x {} w {} stride ({},{}) pad ({},{}) dil ({},{}) groups {}", c.x.str(), c.w.str(), c.o.stride[0],
+                     c.o.stride[1], c.o.padding[0], c.o.padding[1], c.o.dilation[0], c.o.dilation[1], c.o.groups);
+}
+const std::vector<ConvCase>& conv_cases() {
+  static const std::vector<ConvCase> cs = [] {
+    std::vector<ConvCase> v;
+    auto add = [&](Shape x, Shape w, std::array<std::int64_t, 2> s, std::array<std::int64_t, 2> p,
+                   std::array<std::int64_t, 2> d, std::int64_t g) {
+      ConvCase c{x, w, {}};
+      c.o.stride = s, c.o.padding = p, c.o.dilation = d, c.o.groups = g;
+      v.push_back(c);
+    };
+    add({2, 3, 5, 6}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1);  // plain
+    add({1, 2, 7, 5}, {3, 2, 3, 2}, {2, 2}, {1, 1}, {1, 1}, 1);  // stride and padding
+    add({2, 2, 6, 7}, {2, 2, 2, 3}, {1, 1}, {2, 1}, {2, 1}, 1);  // dilation, padding wider than needed
+    add({2, 4, 5, 5}, {6, 2, 3, 3}, {1, 2}, {1, 0}, {1, 1}, 2);  // two groups
+    add({1, 3, 4, 4}, {3, 1, 2, 2}, {1, 1}, {1, 1}, {1, 1}, 3);  // depthwise
+    add({2, 3, 4, 4}, {5, 3, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1);  // 1x1: the columns are x
+    add({1, 4, 3, 5}, {4, 2, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 2);  // 1x1 with groups
+    add({1, 2, 5, 5}, {2, 2, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1);  // 1x1 strided: not direct
+    add({2, 2, 3, 3}, {1, 2, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1);  // the window is the whole image
+    add({3, 6, 9, 8}, {4, 3, 3, 2}, {2, 3}, {2, 1}, {1, 2}, 2);  // everything at once
+    return v;
+  }();
+  return cs;
+}
+
+// y[n,o,oh,ow] = sum w[o,c,i,j] x[n, g C/G + c, oh sh - ph + i dh, ow sw - pw + j dw]
+struct Ref {
+  Tensor y, dx, dw;  // dx, dw: the gradients of sum(y * r)
+};
+Ref conv_ref(const Tensor& x, const Tensor& w, const Tensor& r, const Conv2dOptions& o) {
+  const Shape &xs = x.shape(), &ws = w.shape();
+  const std::int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], Cg = ws[1], KH = ws[2], KW = ws[3];
+  const std::int64_t G = o.groups, Og = O / G;
+  auto osz = [](std::int64_t in, std::int64_t k, std::int64_t s, std::int64_t p, std::int64_t d) {
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+  };
+  const std::int64_t HO = osz(H, KH, o.stride[0], o.padding[0], o.dilation[0]);
+  const std::int64_t WO = osz(W, KW, o.stride[1], o.padding[1], o.dilation[1]);
+  Ref ref{Tensor::zeros({N, O, HO, WO}, DType::f64), Tensor::zeros(xs, DType::f64), Tensor::zeros(ws, DType::f64)};
+  const double *px = x.data<double>(), *pw = w.data<double>(), *pr = r.data<double>();
+  double *py = ref.y.data<double>(), *pdx = ref.dx.data<double>(), *pdw = ref.dw.data<double>();
+  (void)C;
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t oc = 0; oc < O; ++oc)
+      for (std::int64_t oh = 0; oh < HO; ++oh)
+        for (std::int64_t ow = 0; ow < WO; ++ow) {
+          const std::int64_t yi = ((n * O + oc) * HO + oh) * WO + ow;
+          for (std::int64_t c = 0; c < Cg; ++c)
+            for (std::int64_t i = 0; i < KH; ++i)
+              for (std::int64_t j = 0; j < KW; ++j) {
+                const std::int64_t yy = oh * o.stride[0] - o.padding[0] + i * o.dilation[0];
+                const std::int64_t xx = ow * o.stride[1] - o.padding[1] + j * o.dilation[1];
+                if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+                const std::int64_t xi = ((n * C + (oc / Og) * Cg + c) * H + yy) * W + xx;
+                const std::int64_t wi = ((oc * Cg + c) * KH + i) * KW + j;
+                py[yi] += pw[wi] * px[xi];
+                pdx[xi] += pw[wi] * pr[yi];
+                pdw[wi] += px[xi] * pr[yi];
+              }
+        }
+  return ref;
+}
+double max_abs(const Tensor& a) {
+  Tensor a64 = a.to(DType::f64);
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a64.data<double>()[i]));
+  return m;
+}
+}  // namespace
+
+TEST_CASE("conv2d: values and both gradients equal a plain-loop reference (f64 and f32)") {
+  Rng rng(31);
+  for (const ConvCase& c : conv_cases()) {
+    INFO(conv_label(c));
+    Tensor x = randn64(c.x, rng), w = randn64(c.w, rng);
+    Graph g0;
+    const Shape ys = conv2d(g0.input(x), g0.input(w), c.o).shape();
+    Tensor r = randn64(ys, rng);
+    Ref ref = conv_ref(x, w, r, c.o);
+    for (DType t : {DType::f64, DType::f32}) {
+      INFO(dtype_name(t));
+      const double tol = t == DType::f64 ? 1e-12 : 2e-5;
+      Graph g;
+      Var xv = g.input(x.to(t)), wv = g.input(w.to(t));
+      Var y = conv2d(xv, wv, c.o);
+      std::vector<Var> gr = grad(sum(mul(y, g.input(r.to(t)))), {xv, wv});
+      CHECK(max_abs_diff(eval(y), ref.y) <= tol * (1 + max_abs(ref.y)));
+      CHECK(max_abs_diff(eval(gr[0]), ref.dx) <= tol * (1 + max_abs(ref.dx)));
+      CHECK(max_abs_diff(eval(gr[1]), ref.dw) <= tol * (1 + max_abs(ref.dw)));
+    }
+  }
+}
+
+TEST_CASE("conv1d is conv2d over sequences") {
+  Rng rng(32);
+  Tensor x = randn64({2, 4, 11}, rng), w = randn64({6, 2, 3}, rng);
+  Graph g;
+  Conv1dOptions o;
+  o.stride = 2, o.padding = 1, o.dilation = 2, o.groups = 2;
+  Var y = conv1d(g.input(x), g.input(w), o);
+  CHECK(y.shape() == Shape{2, 6, 5});  // (11 + 2 - 2*2 - 1) / 2 + 1
+  Conv2dOptions c;
+  c.stride = {1, 2}, c.padding = {0, 1}, c.dilation = {1, 2}, c.groups = 2;
+  Tensor r = Tensor::zeros({2, 6, 1, 5}, DType::f64);
+  Ref ref = conv_ref(x.reshape({2, 4, 1, 11}), w.reshape({6, 2, 1, 3}), r, c);
+  CHECK(max_abs_diff(eval(y), ref.y.reshape({2, 6, 5})) <= 1e-12);
+  EXPECT_ERROR(conv1d(g.input(x), g.input(Tensor::zeros({6, 2, 3, 1}, DType::f64))), "conv1d", "rank 3", "[6,2,3,1]");
+}
+
+TEST_CASE("conv2d: bad input is an ad::Error naming conv2d, the option and the shapes") {
+  Graph g;
+  Var x = g.input(Tensor::zeros({2, 4, 5, 5})), w = g.input(Tensor::zeros({6, 2, 3, 3}));
+  Conv2dOptions two;
+  two.groups = 2;
+  CHECK(conv2d(x, w, two).shape() == Shape{2, 6, 3, 3});
+  EXPECT_ERROR(conv2d(x, w), "conv2d", "x has 4 channels but w expects 2", "f32[2,4,5,5]", "f32[6,2,3,3]");
+  Conv2dOptions four;
+  four.groups = 4;
+  EXPECT_ERROR(conv2d(x, g.input(Tensor::zeros({6, 1, 3, 3})), four), "conv2d", "groups (4) must divide", "(6)");
+  EXPECT_ERROR(conv2d(g.input(Tensor::zeros({4, 5, 5})), w), "conv2d", "x must be rank 4", "[4,5,5]");
+  EXPECT_ERROR(conv2d(x, g.input(Tensor::zeros({6, 4, 3}))), "conv2d", "w must be rank 4");
+  Conv2dOptions bad;
+  bad.stride = {0, 1};
+  EXPECT_ERROR(conv2d(x, w, bad), "conv2d", "stride must be >= 1", "(0, 1)");
+  bad = {};
+  bad.padding = {-1, 0};
+  EXPECT_ERROR(conv2d(x, w, bad), "conv2d", "padding must be >= 0");
+  bad = {};
+  bad.dilation = {1, 0};
+  EXPECT_ERROR(conv2d(x, w, bad), "conv2d", "dilation must be >= 1");
+  bad = two;
+  bad.dilation = {3, 1};  // a window spanning 7 rows of a 5-row image
+  EXPECT_ERROR(conv2d(x, w, bad), "conv2d", "larger than the padded input", "(5 x 5)");
+  bad.padding = {1, 0};   // 7 <= 5 + 2 fits
+  CHECK(conv2d(x, w, bad).shape() == Shape{2, 6, 1, 3});
+  EXPECT_ERROR(conv2d(x, g.input(Tensor::zeros({6, 2, 3, 3}, DType::f64)), two), "conv2d", "f64");
+  EXPECT_ERROR(conv2d(g.input(Tensor::zeros({2, 4, 5, 5}, DType::i64)), w), "conv2d", "i64");
+}
+
+// ---- pooling ----
+namespace {
+// y and the gradient of sum(y * r) by loops: the first largest tap (or first NaN) wins
+std::pair<Tensor, Tensor> max_pool_ref(const Tensor& x, const Tensor& r, const Pool2dOptions& o) {
+  const Shape& xs = x.shape();
+  const std::int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3];
+  const std::int64_t sh = o.stride[0] ? o.stride[0] : o.kernel[0], sw = o.stride[1] ? o.stride[1] : o.kernel[1];
+  const std::int64_t HO = (H + 2 * o.padding[0] - o.dilation[0] * (o.kernel[0] - 1) - 1) / sh + 1;
+  const std::int64_t WO = (W + 2 * o.padding[1] - o.dilation[1] * (o.kernel[1] - 1) - 1) / sw + 1;
+  Tensor y = Tensor::zeros({N, C, HO, WO}, DType::f64), dx = Tensor::zeros(xs, DType::f64);
+  const double* px = x.data<double>();
+  for (std::int64_t p = 0; p < N * C; ++p)
+    for (std::int64_t oh = 0; oh < HO; ++oh)
+      for (std::int64_t ow = 0; ow < WO; ++ow) {
+        std::int64_t best = -1;
+        for (std::int64_t i = 0; i < o.kernel[0]; ++i)
+          for (std::int64_t j = 0; j < o.kernel[1]; ++j) {
+            const std::int64_t yy = oh * sh - o.padding[0] + i * o.dilation[0];
+            const std::int64_t xx = ow * sw - o.padding[1] + j * o.dilation[1];
+            if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+            const std::int64_t e = (p * H + yy) * W + xx;
+            if (best < 0 || (!std::isnan(px[best]) && (px[e] > px[best] || std::isnan(px[e])))) best = e;
+          }
+        const std::int64_t yi = (p * HO + oh) * WO + ow;
+        y.data<double>()[yi] = px[best];
+        dx.data<double>()[best] += r.data<double>()[yi];
+      }
+  return {y, dx};
+}
+}  // namespace
+
+TEST_CASE("max_pool2d: values and gradient equal a loop reference; ties go to the first tap, NaN wins") {
+  Rng rng(33);
+  struct P { Shape x; Pool2dOptions o; };
+  std::vector<P> ps;
+  auto add = [&](Shape x, std::array<std::int64_t, 2> k, std::array<std::int64_t, 2> s, std::array<std::int64_t, 2> p,
+                 std::array<std::int64_t, 2> d) {
+    P q{x, {}};
+    q.o.kernel = k, q.o.stride = s, q.o.padding = p, q.o.dilation = d;
+    ps.push_back(q);
+  };
+  add({2, 3, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1});  // stride = kernel
+  add({1, 2, 7, 7}, {3, 3}, {2, 2}, {1, 1}, {1, 1});  // overlapping windows, padding
+  add({1, 1, 6, 6}, {2, 3}, {1, 1}, {0, 1}, {2, 1});  // dilation
+  add({2, 2, 5, 3}, {5, 3}, {1, 1}, {0, 0}, {1, 1});  // one window: the whole plane
+  for (const P& q : ps) {
+    INFO(q.x.str(), " kernel ", q.o.kernel[0], "x", q.o.kernel[1]);
+    // integer values (ties certain in windows of 6+ taps) and random ones
+    for (int kind = 0; kind < 2; ++kind) {
+      Tensor x = kind == 0 ? randn64(q.x, rng) : Tensor::randint(q.x, rng, 3).to(DType::f64);
+      Graph g0;
+      Tensor r = randn64(max_pool2d(g0.input(x), q.o).shape(), rng);
+      auto [y_ref, dx_ref] = max_pool_ref(x, r, q.o);
+      for (DType t : {DType::f64, DType::f32}) {
+        Graph g;
+        Var xv = g.input(x.to(t));
+        Var y = max_pool2d(xv, q.o);
+        Var dx = grad(sum(mul(y, g.input(r.to(t)))), {xv})[0];
+        CHECK(max_abs_diff(eval(y), y_ref.to(t)) == 0);
+        CHECK(max_abs_diff(eval(dx), dx_ref) <= (t == DType::f64 ? 1e-13 : 1e-5));
+      }
+    }
+  }
+  // NaN: the window's value and its gradient's destination
+  Graph g;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Var x = g.input(f64s({1, nan, 3, 4, 5, 6, nan, 8}, {1, 1, 2, 4}));
+  Pool2dOptions o;  // 2x2, stride 2
+  Var y = max_pool2d(x, o);
+  Tensor yv = eval(y);
+  CHECK(std::isnan(yv.data<double>()[0]));
+  CHECK(std::isnan(yv.data<double>()[1]));
+  Tensor dx = eval(grad(sum(mul(y, g.input(f64s({10, 20}, {1, 1, 1, 2})))), {x})[0]);
+  const double want[] = {0, 10, 0, 0, 0, 0, 20, 0};
+  for (int i = 0; i < 8; ++i) CHECK(dx.data<double>()[i] == want[i]);
+}
+
+TEST_CASE("avg_pool2d is the windows' mean (padding's zeros counted); pooling errors") {
+  Rng rng(34);
+  Tensor x = randn64({2, 3, 5, 4}, rng);
+  Graph g;
+  Var xv = g.input(x);
+  Pool2dOptions o;
+  o.kernel = {3, 2}, o.stride = {2, 1}, o.padding = {1, 0};
+  Var y = avg_pool2d(xv, o);
+  REQUIRE(y.shape() == Shape{2, 3, 3, 3});
+  Tensor yv = eval(y);
+  double worst = 0;
+  for (std::int64_t p = 0; p < 6; ++p)
+    for (std::int64_t oh = 0; oh < 3; ++oh)
+      for (std::int64_t ow = 0; ow < 3; ++ow) {
+        double s = 0;
+        for (std::int64_t i = 0; i < 3; ++i)
+          for (std::int64_t j = 0; j < 2; ++j) {
+            const std::int64_t yy = oh * 2 - 1 + i, xx = ow + j;
+            if (yy >= 0 && yy < 5) s += x.data<double>()[(p * 5 + yy) * 4 + xx];
+          }
+        worst = std::max(worst, std::abs(s / 6 - yv.data<double>()[(p * 3 + oh) * 3 + ow]));
+      }
+  CHECK(worst <= 1e-14);
+  // its gradient: each window spreads dy / 6 over its taps
+  Tensor dx = eval(grad(sum(y), {xv})[0]);
+  CHECK(dx.data<double>()[0] == doctest::Approx(1.0 / 6));  // x (0, 0) lies in one window
+  CHECK(dx.data<double>()[5] == doctest::Approx(4.0 / 6));  // x (1, 1) in four
+  // errors
+  Pool2dOptions bad;
+  bad.kernel = {0, 2};
+  EXPECT_ERROR(max_pool2d(xv, bad), "max_pool2d", "kernel must be >= 1", "(0, 2)");
+  bad = {};
+  bad.kernel = {2, 2}, bad.padding = {2, 0};  // the first window would lie wholly in the padding
+  EXPECT_ERROR(max_pool2d(xv, bad), "max_pool2d", "wholly in the padding", "row 0");
+  bad = {};
+  bad.stride = {-1, 1};
+  EXPECT_ERROR(max_pool2d(xv, bad), "max_pool2d", "stride must be >= 1");
+  EXPECT_ERROR(max_pool2d(g.input(Tensor::zeros({3, 5, 4})), {}), "max_pool2d", "rank 4");
+  bad = {};
+  bad.kernel = {6, 2};
+  EXPECT_ERROR(max_pool2d(xv, bad), "max_pool2d", "larger than the padded input");
+  bad = {};
+  bad.dilation = {2, 1};
+  EXPECT_ERROR(avg_pool2d(xv, bad), "avg_pool2d", "dilation must be 1");
+  EXPECT_ERROR(avg_pool2d(g.input(Tensor::zeros({5, 4})), {}), "avg_pool2d", "rank 4");
+}
+
+TEST_CASE("a small CNN under every policy: keep_all's gradients, measured peak within the prediction") {
+  Rng rng(35);
+  Parameter w1 = Parameter::randn({8, 3, 3, 3}, rng, 0.3), w2 = Parameter::randn({8, 4, 3, 3}, rng, 0.2);
+  Parameter w3 = Parameter::randn({8 * 3 * 3, 5}, rng, 0.1);
+  Tensor x = Tensor::randn({4, 3, 12, 12}, rng);
+  Tensor labels = Tensor::randint({4}, rng, 5);
+  std::vector<Parameter> mid;
+  for (int i = 0; i < 6; ++i) mid.push_back(Parameter::randn({8, 4, 3, 3}, rng, 0.2));
+  auto build = [&](Graph& g) {
+    Var h = relu(conv2d(g.input(x), w1, Conv2dOptions{{1, 1}, {1, 1}, {1, 1}, 1}));  // [4,8,12,12]
+    Pool2dOptions p;
+    h = max_pool2d(h, p);  // [4,8,6,6]
+    h = relu(conv2d(h, w2, Conv2dOptions{{1, 1}, {1, 1}, {1, 1}, 2}));
+    for (auto& w : mid) h = h + tanh(conv2d(h, w, Conv2dOptions{{1, 1}, {1, 1}, {1, 1}, 2}));  // residual blocks
+    Pool2dOptions a;
+    h = avg_pool2d(h, a);  // [4,8,3,3]
+    return cross_entropy(matmul(reshape(h, {4, 72}), w3), g.input(labels));
+  };
+  std::vector<Parameter> ps{w1, w2, w3};
+  ps.insert(ps.end(), mid.begin(), mid.end());
+  auto run = [&](Policy pol) {
+    for (auto& p : ps) p.zero_grad();
+    Graph g;
+    Report r = backward(build(g), pol);
+    std::vector<Tensor> out;
+    for (auto& p : ps) out.push_back(p.grad().clone());
+    return std::make_pair(r, out);
+  };
+  auto [r0, g0] = run(policy::keep_all());
+  CHECK(r0.measured_peak_bytes == r0.predicted_peak_bytes);
+  for (Policy pol : {policy::sqrt_n(), policy::uniform(2), policy::budget(r0.measured_peak_bytes * 3 / 4)}) {
+    auto [r, gs] = run(pol);
+    INFO(pol.name());
+    CHECK(r.measured_peak_bytes <= r.predicted_peak_bytes);
+    check_bitwise(g0, gs);
+  }
+}
+
+TEST_CASE("nn::Conv2d: PyTorch's layout and init bounds, bias over every position, a CNN learns") {
+  Rng rng(36);
+  nn::Conv2dLayerOptions lo;
+  lo.conv.padding = {1, 1};
+  lo.conv.groups = 2;
+  nn::Conv2d conv(4, 6, {3, 3}, rng, lo);
+  CHECK(conv.weight.value().shape() == Shape{6, 2, 3, 3});
+  CHECK(conv.bias.value().shape() == Shape{6});
+  auto names = conv.named_parameters();
+  REQUIRE(names.size() == 2);
+  CHECK(names[0].first == "weight");
+  const double k = 1.0 / std::sqrt(2.0 * 9.0);
+  CHECK(max_abs(conv.weight.value()) <= k);
+  CHECK(max_abs(conv.weight.value()) > 0.5 * k);
+  {
+    Graph g;
+    Tensor x = randn64({2, 4, 5, 5}, rng).to(DType::f32);
+    Var xv = g.input(x);
+    Tensor y = eval(conv(xv)), y0 = eval(conv2d(xv, conv.weight, lo.conv));
+    const float* py = y.data<float>();
+    const float* p0 = y0.data<float>();
+    const float* pb = conv.bias.value().data<float>();
+    bool ok = true;
+    for (std::int64_t i = 0; i < y.numel(); ++i) ok &= py[i] == p0[i] + pb[(i / 25) % 6];
+    CHECK(ok);
+  }
+  EXPECT_ERROR(nn::Conv2d(4, 5, {3, 3}, rng, lo), "Conv2d", "groups (2) must divide", "(5)");
+  EXPECT_ERROR(nn::Conv2d(4, 6, {0, 3}, rng), "Conv2d", "kernel height");
+
+  // a bright 3x3 blob in one of the four quadrants of a noisy 8x8 image: which one?
+  const std::int64_t B = 32;
+  auto batch = [&](Rng& r, Tensor& x, Tensor& y) {
+    x = Tensor::randn({B, 1, 8, 8}, r, DType::f32, 0, 0.3);
+    y = Tensor::randint({B}, r, 4);
+    for (std::int64_t n = 0; n < B; ++n) {
+      const std::int64_t q = y.data<std::int64_t>()[n], oy = (q / 2) * 4, ox = (q % 2) * 4;
+      for (std::int64_t i = 0; i < 3; ++i)
+        for (std::int64_t j = 0; j < 3; ++j) x.data<float>()[n * 64 + (oy + i) * 8 + ox + j] += 1.0f;
+    }
+  };
+  nn::Conv2dLayerOptions pad1;
+  pad1.conv.padding = {1, 1};
+  nn::Conv2d c1(1, 4, {3, 3}, rng, pad1);
+  nn::Linear head(4 * 4 * 4, 4, rng);
+  std::vector<Parameter> ps{c1.weight, c1.bias, head.weight, head.bias};
+  nn::AdamOptions ao;
+  ao.lr = 0.02;
+  nn::Adam opt(ps, ao);
+  Rng data(37);
+  double first = 0, last = 0;
+  const int steps = 60;
+  for (int step = 0; step < steps; ++step) {
+    Tensor x, y;
+    batch(data, x, y);
+    Graph g;
+    Var h = max_pool2d(relu(c1(g.input(x))));  // [B,4,4,4]
+    Var loss = cross_entropy(head(reshape(h, {B, 64})), g.input(y));
+    opt.zero_grad();
+    Report r = backward(loss, policy::sqrt_n());
+    CHECK(r.measured_peak_bytes <= r.predicted_peak_bytes);
+    const double l = loss.value().item();
+    if (step == 0) first = l;
+    if (step >= steps - 5) last += l / 5;
+    opt.step();
+  }
+  INFO("loss first ", first, " last five ", last);
+  CHECK(first > 1.0);
+  CHECK(last < 0.25 * first);
+}
+
+void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
+  for (const ConvCase& c : conv_cases()) {
+    if (c.x.numel() > 200) continue;  // the largest are left to the reference test
+    Conv2dOptions o = c.o;
+    out.push_back({OpId::conv2d, conv_label(c), {randn64(c.x, rng), randn64(c.w, rng)},
+                   [o](const std::vector<Var>& v) { return conv2d(v[0], v[1], o); }});
+  }
+  // the gradients as functions of their own inputs (conv2d differentiated twice)
+  for (std::size_t k : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{5}}) {
+    const ConvCase& c = conv_cases()[k];
+    Conv2dOptions o = c.o;
+    Shape xs = c.x, ws = c.w;
+    Graph g0;
+    const Shape ys = conv2d(g0.input(Tensor::zeros(xs)), g0.input(Tensor::zeros(ws)), o).shape();
+    out.push_back({OpId::conv2d_backward_input, "dx(dy, w) of " + conv_label(c), {randn64(ys, rng), randn64(ws, rng)},
+                   [o, xs](const std::vector<Var>& v) {
+                     Var x0 = full(v[0], xs, 0.5, DType::f64);
+                     return grad(sum(mul(conv2d(x0, v[1], o), v[0])), {x0})[0];
+                   }});
+    out.push_back({OpId::conv2d_backward_weight, "dw(x, dy) of " + conv_label(c), {randn64(xs, rng), randn64(ys, rng)},
+                   [o, ws](const std::vector<Var>& v) {
+                     Var w0 = full(v[0], ws, 0.3, DType::f64);
+                     return grad(sum(mul(conv2d(v[0], w0, o), v[1])), {w0})[0];
+                   }});
+  }
+  // max_pool2d on values at least 0.1 apart (no tie a finite difference could flip)
+  struct P { Shape x; std::array<std::int64_t, 2> k, s, p, d; };
+  const P ps[] = {{{2, 2, 4, 6}, {2, 2}, {0, 0}, {0, 0}, {1, 1}},
+                  {{1, 2, 5, 5}, {3, 3}, {2, 2}, {1, 1}, {1, 1}},
+                  {{1, 1, 6, 5}, {2, 3}, {1, 1}, {0, 1}, {2, 1}}};
+  for (const P& q : ps) {
+    Pool2dOptions o;
+    o.kernel = q.k, o.stride = q.s, o.padding = q.p, o.dilation = q.d;
+    out.push_back({OpId::max_pool2d, fmt::format("{} kernel ({},{}) stride ({},{})", q.x.str(), q.k[0], q.k[1], q.s[0], q.s[1]),
+                   {distinct(q.x, rng)}, [o](const std::vector<Var>& v) { return max_pool2d(v[0], o); }});
+  }
+}
+
+}  // namespace ad::test
