@@ -35,6 +35,8 @@ const std::vector<ConvCase>& conv_cases() {
     add({1, 2, 5, 5}, {2, 2, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1);  // 1x1 strided: not direct
     add({2, 2, 3, 3}, {1, 2, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1);  // the window is the whole image
     add({3, 6, 9, 8}, {4, 3, 3, 2}, {2, 3}, {2, 1}, {1, 2}, 2);  // everything at once
+    add({1, 4, 7, 6}, {8, 1, 3, 2}, {2, 1}, {1, 1}, {1, 2}, 4);  // depthwise x 2, strided, dilated
+    add({1, 3, 4, 4}, {6, 1, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 3);  // depthwise 1x1 x 2
     return v;
   }();
   return cs;

@@ -72,11 +72,16 @@ void check_dy(const InferArgs& a, std::size_t i, const Geom& g) {
     fail_shapes(a, fmt::format("dy must be the conv2d's output shape {}", out_shape(g).str()));
 }
 
+// One input channel per group (depthwise, with any multiplier O/G): the CPU
+// runs it as shifted multiply-adds over planes, not as G GEMMs of one row.
+bool depthwise(const Geom& g) { return g.cg() == 1 && g.g > 1; }
+
 // The columns of the images processed at once: CPU one image; CUDA up to
-// 64 MiB of them (at least one). 0 when the columns are x itself.
+// 64 MiB of them (at least one). 0 when the columns are x itself, or on the
+// CPU for a depthwise conv.
 std::int64_t chunk_images(const Geom& g, DeviceKind dev, std::size_t es) {
   if (g.direct() || g.n == 0) return 0;
-  if (dev != DeviceKind::cuda) return 1;
+  if (dev != DeviceKind::cuda) return depthwise(g) ? 0 : 1;
   const std::int64_t per = g.cols_elems() * static_cast<std::int64_t>(es);
   constexpr std::int64_t kChunkBytes = std::int64_t{64} << 20;
   return std::clamp<std::int64_t>(per > 0 ? kChunkBytes / per : g.n, 1, g.n);
@@ -144,6 +149,82 @@ template <class T> void col2im_cpu(const Geom& g, const T* cols, T* dx_img) {
   });
 }
 
+// ---- depthwise on the CPU ----  f(i, j, oh, lo, hi, y, x0) for every tap row (i, j) and output
+// row oh whose input row y lies inside x: outputs ow in [lo, hi) meet x at x0 + ow * sw.
+template <class F> void for_taps(const Geom& g, F f) {
+  for (std::int64_t i = 0; i < g.kh; ++i)
+    for (std::int64_t j = 0; j < g.kw; ++j) {
+      const std::int64_t x0 = j * g.dw - g.pw;
+      const Span sp = inside(x0, g.sw, g.w, g.wo);
+      for (std::int64_t oh = 0; oh < g.ho; ++oh) {
+        const std::int64_t y = oh * g.sh - g.ph + i * g.dh;
+        if (y >= 0 && y < g.h) f(i, j, oh, sp.lo, sp.hi, y, x0);
+      }
+    }
+}
+// y[n,o] = sum over taps of w[o,0,i,j] times x[n, o / (O/G)] shifted
+template <class T> void depthwise_forward(const Geom& g, const T* x, const T* w, T* y) {
+  const std::int64_t L = g.l();
+  parallel::parallel_for(g.n * g.o, static_cast<double>(g.n * g.o * L * g.kk()), [&](std::int64_t p) {
+    const std::int64_t n = p / g.o, o = p % g.o;
+    const T* plane = x + (n * g.c + o / g.og()) * g.plane();
+    T* out = y + p * L;
+    std::fill(out, out + L, T(0));
+    for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi, std::int64_t yy,
+                    std::int64_t x0) {
+      const T wv = w[o * g.kk() + i * g.kw + j];
+      const T* row = plane + yy * g.w + x0;
+      T* dst = out + oh * g.wo;
+      if (g.sw == 1)  // contiguous: vectorises
+        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[ow];
+      else
+        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[ow * g.sw];
+    });
+  });
+}
+// dx[n,c] = sum over the group's outputs o and the taps of w[o,0,i,j] times dy[n,o] scattered back
+template <class T> void depthwise_backward_input(const Geom& g, const T* dy, const T* w, T* dx) {
+  const std::int64_t L = g.l();
+  parallel::parallel_for(g.n * g.c, static_cast<double>(g.n * g.o * L * g.kk()), [&](std::int64_t p) {
+    const std::int64_t n = p / g.c, c = p % g.c;
+    T* plane = dx + p * g.plane();
+    std::fill(plane, plane + g.plane(), T(0));
+    for (std::int64_t o = c * g.og(); o < (c + 1) * g.og(); ++o) {
+      const T* src = dy + (n * g.o + o) * L;
+      for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi,
+                      std::int64_t yy, std::int64_t x0) {
+        const T wv = w[o * g.kk() + i * g.kw + j];
+        T* row = plane + yy * g.w + x0;
+        const T* d = src + oh * g.wo;
+        if (g.sw == 1)
+          for (std::int64_t ow = lo; ow < hi; ++ow) row[ow] += wv * d[ow];
+        else
+          for (std::int64_t ow = lo; ow < hi; ++ow) row[ow * g.sw] += wv * d[ow];
+      });
+    }
+  });
+}
+// dw[o,0,i,j] = sum over images and outputs of dy[n,o] times x[n, o / (O/G)] shifted
+template <class T> void depthwise_backward_weight(const Geom& g, const T* x, const T* dy, T* dw) {
+  const std::int64_t L = g.l();
+  parallel::parallel_for(g.o, static_cast<double>(g.n * g.o * L * g.kk()), [&](std::int64_t o) {
+    T* out = dw + o * g.kk();
+    std::fill(out, out + g.kk(), T(0));
+    for (std::int64_t n = 0; n < g.n; ++n) {
+      const T* plane = x + (n * g.c + o / g.og()) * g.plane();
+      const T* src = dy + (n * g.o + o) * L;
+      for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi,
+                      std::int64_t yy, std::int64_t x0) {
+        const T* row = plane + yy * g.w + x0;
+        const T* d = src + oh * g.wo;
+        T s = T(0);
+        for (std::int64_t ow = lo; ow < hi; ++ow) s += d[ow] * row[ow * g.sw];
+        out[i * g.kw + j] += s;
+      });
+    }
+  });
+}
+
 // The columns of image n of x: x itself for a direct conv, else formed in ws.
 template <class T> const T* columns_cpu(const Geom& g, const T* x, std::int64_t n, void* ws) {
   const T* x_img = x + n * g.c * g.plane();
@@ -176,6 +257,7 @@ void conv2d_cpu(const KernelArgs& k) {
     const T* x = k[0].data<T>();
     const T* w = k[1].data<T>();
     T* y = k.out.data<T>();
+    if (depthwise(g)) return depthwise_forward(g, x, w, y);
     for (std::int64_t n = 0; n < g.n; ++n) {
       const T* cols = columns_cpu(g, x, n, k.workspace);
       for (std::int64_t gi = 0; gi < g.g; ++gi)
@@ -245,6 +327,7 @@ void conv2d_backward_input_cpu(const KernelArgs& k) {
     const T* dy = k[0].data<T>();
     const T* w = k[1].data<T>();
     T* dx = k.out.data<T>();
+    if (depthwise(g)) return depthwise_backward_input(g, dy, w, dx);
     for (std::int64_t n = 0; n < g.n; ++n) {
       T* dx_img = dx + n * g.c * g.plane();
       T* cols = g.direct() ? dx_img : static_cast<T*>(k.workspace);
@@ -311,6 +394,7 @@ void conv2d_backward_weight_cpu(const KernelArgs& k) {
     const T* x = k[0].data<T>();
     const T* dy = k[1].data<T>();
     T* dw = k.out.data<T>();
+    if (depthwise(g)) return depthwise_backward_weight(g, x, dy, dw);
     for (std::int64_t n = 0; n < g.n; ++n) {
       const T* cols = columns_cpu(g, x, n, k.workspace);
       for (std::int64_t gi = 0; gi < g.g; ++gi)
