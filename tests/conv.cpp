@@ -1,6 +1,6 @@
-// conv2d, conv1d, max_pool2d and avg_pool2d against plain-loop references in
-// f64 (values and gradients), their gradcheck cases, errors, and a small CNN
-// under rematerialisation policies.
+// conv2d, conv1d, max_pool2d, avg_pool2d and group_norm against plain-loop
+// references in f64 (values and gradients), their gradcheck cases, errors,
+// and small CNNs under rematerialisation policies and training.
 #include <limits>
 
 #include "test_util.hpp"
@@ -386,6 +386,102 @@ TEST_CASE("nn::Conv2d: PyTorch's layout and init bounds, bias over every positio
   INFO("loss first ", first, " last five ", last);
   CHECK(first > 1.0);
   CHECK(last < 0.25 * first);
+}
+
+TEST_CASE("group_norm: each (image, group) normalised over its channels and positions, then the affine") {
+  Rng rng(38);
+  const std::int64_t N = 2, C = 6, H = 3, W = 4;
+  Tensor x = randn64({N, C, H, W}, rng, 0.5, 2.0), gamma = randn64({C}, rng), beta = randn64({C}, rng);
+  for (std::int64_t G : {1, 2, 3, 6}) {
+    INFO("groups ", G);
+    Graph g;
+    Tensor y = eval(group_norm(g.input(x), G, g.input(gamma), g.input(beta), 1e-5));
+    const std::int64_t per = C / G * H * W;
+    double worst = 0;
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t gi = 0; gi < G; ++gi) {
+        const double* px = x.data<double>() + (n * C + gi * (C / G)) * H * W;
+        double m = 0, v = 0;
+        for (std::int64_t e = 0; e < per; ++e) m += px[e] / static_cast<double>(per);
+        for (std::int64_t e = 0; e < per; ++e) v += (px[e] - m) * (px[e] - m) / static_cast<double>(per);
+        for (std::int64_t e = 0; e < per; ++e) {
+          const std::int64_t c = gi * (C / G) + e / (H * W);
+          const double want = (px[e] - m) / std::sqrt(v + 1e-5) * gamma.data<double>()[c] + beta.data<double>()[c];
+          worst = std::max(worst, std::abs(want - y.data<double>()[(n * C + gi * (C / G)) * H * W + e]));
+        }
+      }
+    CHECK(worst <= 1e-12);
+    // gradients of x, gamma and beta against central differences
+    GradCase gc{OpId::layer_norm, fmt::format("group_norm G = {}", G), {x, gamma, beta},
+                [G](const std::vector<Var>& v) { return group_norm(v[0], G, v[1], v[2], 1e-5); }};
+    GradcheckResult r = gradcheck(gc, static_cast<std::uint64_t>(G));
+    CHECK_MESSAGE(r.ok(), r.str());
+  }
+  nn::GroupNorm gn(2, C);
+  Graph g;
+  Var xv = g.input(x.to(DType::f32));
+  CHECK(max_abs_diff(eval(gn(xv)), eval(group_norm(xv, 2, g.input(Tensor::ones({C})), g.input(Tensor::zeros({C}))))) == 0);
+  EXPECT_ERROR(group_norm(xv, 4, gn.weight, gn.bias), "group_norm", "groups (4) must be >= 1 and divide the 6",
+               "[2,6,3,4]");
+  EXPECT_ERROR(group_norm(xv, 2, Parameter::zeros({5}), gn.bias), "group_norm", "gamma and beta must be [C] = [6]");
+  EXPECT_ERROR(group_norm(g.input(Tensor::zeros({6})), 2, gn.weight, gn.bias), "group_norm", "rank >= 2");
+  EXPECT_ERROR(nn::GroupNorm(4, 6), "GroupNorm", "groups (4) must divide channels (6)");
+}
+
+TEST_CASE("conv2d and pooling with empty dims; conv1d with Parameters; huge options are errors") {
+  Rng rng(39);
+  Conv2dOptions two;
+  two.groups = 2;
+  {  // no output channels: y and both gradients are empty, nothing divides by O
+    Graph g;
+    Var x = g.input(randn64({2, 4, 5, 5}, rng)), w = g.input(Tensor::zeros({0, 2, 3, 3}, DType::f64));
+    Var y = conv2d(x, w, two);
+    CHECK(y.shape() == Shape{2, 0, 3, 3});
+    std::vector<Var> gr = grad(sum(y), {x, w});
+    Tensor dx = eval(gr[0]);
+    CHECK(dx.shape() == Shape{2, 4, 5, 5});
+    CHECK(max_abs(dx) == 0);
+    CHECK(eval(gr[1]).numel() == 0);
+  }
+  {  // no input channels: y is zeros, with groups
+    Graph g;
+    Var x = g.input(Tensor::zeros({3, 0, 5, 5}, DType::f64));
+    PGraph pg;  // poisoned outputs: an unwritten element would show
+    Var y = conv2d(pg.input(Tensor::zeros({3, 0, 5, 5}, DType::f64)), pg.input(Tensor::zeros({4, 0, 3, 3}, DType::f64)),
+                   two);
+    Tensor yv = eval(y);
+    CHECK(yv.shape() == Shape{3, 4, 3, 3});
+    CHECK(max_abs(yv) == 0);
+    Pool2dOptions p;
+    CHECK(eval(avg_pool2d(x, p)).shape() == Shape{3, 0, 2, 2});
+    CHECK(eval(max_pool2d(x, p)).shape() == Shape{3, 0, 2, 2});
+  }
+  {  // conv1d with a Parameter weight (or input)
+    Graph g;
+    Parameter w = Parameter::randn({4, 3, 3}, rng, 0.5, DType::f64);
+    Tensor x = randn64({2, 3, 9}, rng);
+    Var y = conv1d(g.input(x), w);
+    CHECK(y.shape() == Shape{2, 4, 7});
+    Var y2 = conv1d(Parameter(x), g.input(w.value()));
+    CHECK(max_abs_diff(eval(y), eval(y2)) == 0);
+    EXPECT_ERROR(conv1d(Parameter(x), w), "conv1d", "both Parameters");
+  }
+  Graph g;
+  Var x = g.input(Tensor::zeros({1, 2, 5, 5})), w = g.input(Tensor::zeros({2, 2, 3, 3}));
+  Conv2dOptions huge;
+  huge.padding = {std::int64_t{1} << 62, 0};
+  EXPECT_ERROR(conv2d(x, w, huge), "conv2d", "below 2^31");
+  huge = {};
+  huge.groups = std::int64_t{1} << 40;
+  EXPECT_ERROR(conv2d(x, w, huge), "conv2d", "groups must be >= 1 and below 2^31");
+  // avg_pool2d's errors are its own, not its conv2d's
+  Pool2dOptions bad;
+  bad.padding = {-1, 0};
+  EXPECT_ERROR(avg_pool2d(x, bad), "avg_pool2d", "padding must be >= 0");
+  bad = {};
+  bad.kernel = {8, 2};
+  EXPECT_ERROR(avg_pool2d(x, bad), "avg_pool2d", "larger than the padded input", "[1,2,5,5]");
+  EXPECT_ERROR(avg_pool2d(g.input(Tensor::zeros({1, 2, 5, 5}, DType::i64)), {}), "avg_pool2d", "f32 or f64");
 }
 
 void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {

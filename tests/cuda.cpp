@@ -319,6 +319,16 @@ TEST_CASE("cuda: larger shapes match the CPU (bitwise where the order is the CPU
       [](const std::vector<Var>& v) { return sum(v[0], {0, 2}); }, false);
   add(OpId::mse, "mse [3,5000] sum", {randn64({3, 5000}, rng), randn64({3, 5000}, rng)},
       [](const std::vector<Var>& v) { return mse(v[0], v[1], Reduction::sum); }, false);
+  // conv2d over several chunks of images (64 MiB of columns each: 14 images in f64, 28 in f32), grouped
+  Conv2dOptions co;
+  co.padding = {1, 1};
+  co.groups = 2;
+  add(OpId::conv2d, "conv2d [36,64,32,32] x [32,32,3,3] groups 2, chunks", {randn64({36, 64, 32, 32}, rng),
+      randn64({32, 32, 3, 3}, rng, 0, 0.1)}, [co](const std::vector<Var>& v) { return conv2d(v[0], v[1], co); }, false);
+  Pool2dOptions po;
+  po.kernel = {3, 3}, po.stride = {2, 2}, po.padding = {1, 1};
+  add(OpId::max_pool2d, "max_pool2d [8,16,33,31] 3x3 stride 2", {distinct({8, 16, 33, 31}, rng, 1e-3)},
+      [po](const std::vector<Var>& v) { return max_pool2d(v[0], po); }, true);
   for (std::size_t k = 0; k < big.size(); ++k) {
     const GradCase& c = big[k].c;
     Run ref;  // the CPU's f64 run: the reference for the f32 runs that are not bitwise
@@ -1093,4 +1103,26 @@ TEST_CASE("cuda: a value compressed beyond f16's range on the GPU is an ad::Erro
   // and a run after the failed one starts from a zero count
   w.zero_grad();
   run(policy::keep_all().compressed(DType::bf16));
+}
+
+// cuBLAS with K = 0 must zero each output matrix, stride apart with gaps
+// between them: a grouped conv2d with no input channels, and the input
+// gradient of one with no output channels.
+TEST_CASE("cuda: conv2d with no input or no output channels gives zeros on the GPU") {
+  if (skip_without_gpu()) return;
+  Conv2dOptions two;
+  two.groups = 2;
+  for (DType t : {DType::f32, DType::f64}) {
+    PGraph g;
+    Var y = conv2d(g.input(Tensor::zeros({3, 0, 5, 5}, t).to(Device::cuda(0))),
+                   g.input(Tensor::zeros({4, 0, 3, 3}, t).to(Device::cuda(0))), two);
+    Tensor yv = eval(y).to(Device::cpu());
+    CHECK(yv.shape() == Shape{3, 4, 3, 3});
+    CHECK(std::ranges::all_of(yv.to_vector(), [](double v) { return v == 0; }));
+    PGraph h;
+    Var x = h.input(Tensor::ones({3, 4, 5, 5}, t).to(Device::cuda(0)));
+    Var z = conv2d(x, h.input(Tensor::zeros({0, 2, 3, 3}, t).to(Device::cuda(0))), two);
+    Tensor dx = eval(grad(sum(z), {x})[0]).to(Device::cpu());
+    CHECK(std::ranges::all_of(dx.to_vector(), [](double v) { return v == 0; }));
+  }
 }

@@ -33,15 +33,17 @@ struct Conv2dOptions {
 // directly (no workspace).
 // Throws ad::Error naming conv2d and the shapes when x or w is not rank 4,
 // C != (w's dim 1) * groups, groups does not divide O, the window (with
-// dilation and padding) is larger than the padded input, dtypes differ or are
-// not f32/f64, or an option is out of range.
+// dilation and padding) is larger than the padded input, or dtypes differ or
+// are not f32/f64; naming conv2d and the option when an option is out of
+// range (stride, dilation, groups >= 1, padding >= 0, each below 2^31).
 Var conv2d(const Operand& x, const Operand& w, const Conv2dOptions& options = {});
 
 struct Conv1dOptions {
   std::int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
 };
 // conv2d over sequences: x [N, C, L], w [O, C/G, K] -> [N, O, LO] (a conv2d
-// with H = 1, through reshapes; the errors name conv2d).
+// with H = 1, through reshapes; x or w may be a Parameter; the errors past
+// the ranks name conv2d).
 Var conv1d(const Operand& x, const Operand& w, const Conv1dOptions& options = {});
 
 struct Pool2dOptions {
@@ -55,14 +57,17 @@ struct Pool2dOptions {
 // takes no part; a window with no tap inside x is an error when the node is
 // built). x [N, C, H, W] -> [N, C, HO, WO], sizes as conv2d. A NaN in a window is its maximum (the first NaN); the gradient goes
 // to the tap that won: the first largest one on a tie (no split). The
-// backward reads x, not saved indices (it finds the winner again).
+// backward reads x, not saved indices (it finds the winner again); it has no
+// gradient of its own (max_pool2d is differentiable once).
 // f32 or f64. Throws ad::Error naming max_pool2d and the shape when x is not
 // rank 4, an option is out of range, or the window does not fit.
 Var max_pool2d(const Operand& x, const Pool2dOptions& options = {});
 
 // The mean over each window, the padding's zeros included (every window
 // divides by KH * KW): a depthwise conv2d with weights 1 / (KH KW), so it
-// shares conv2d's kernels and gradients. dilation must be 1.
+// shares conv2d's kernels and gradients. dilation must be 1. Throws
+// ad::Error naming avg_pool2d for a bad kernel, padding or dilation, a
+// window larger than the padded input, x not rank 4 or not f32/f64.
 Var avg_pool2d(const Operand& x, const Pool2dOptions& options = {});
 
 }  // namespace ad

@@ -124,6 +124,17 @@ Var log_softmax(const Operand& x, int axis = -1);
 Var layer_norm(const Operand& x, const Operand& gamma, const Operand& beta, double eps = 1e-5);
 // x / sqrt(mean(x^2) + eps) * gamma; gamma [D].
 Var rms_norm(const Operand& x, const Operand& gamma, double eps = 1e-6);
+// Group normalisation (Wu & He): x [N, C, ...] split into `groups` groups of
+// C / groups channels; each (image, group) is normalised over its channels
+// and positions together, then y = xhat * gamma[c] + beta[c]; gamma, beta
+// [C]. groups = 1 normalises each image over everything (LayerNorm over
+// C, H, W); groups = C each channel alone (InstanceNorm). No batch
+// statistics, so it behaves the same at any batch size, one included.
+// A composition: layer_norm over x viewed as [N, G, C/G * H * W] (a fused op
+// whose backward recomputes the statistics), then the affine.
+// Throws ad::Error naming group_norm and the shapes when x has rank < 2,
+// groups does not divide C, or gamma / beta are not [C].
+Var group_norm(const Operand& x, std::int64_t groups, const Operand& gamma, const Operand& beta, double eps = 1e-5);
 
 // ---- losses ----
 enum class Reduction : std::uint8_t { mean, sum };

@@ -234,6 +234,14 @@ inline Var make_node(OpId op, std::initializer_list<Operand> inputs, const Attrs
 Shape operand_shape(const char* op, const Operand& x);
 
 // ---- helpers for infer functions ----
+// The operand as a node of like's graph: its Var, or the Parameter's leaf
+// there (for builders that reshape an operand before the op that would place
+// it: a reshape of a Parameter alone knows no graph).
+inline Var operand_var(const Operand& o, const Var& like) {
+  if (o.var().defined()) return o.var();
+  return Var(like.graph(), like.graph()->param_node(o.param()));
+}
+
 // Throws ad::Error "<op>: <what>: a f32[2,3] vs b f32[4]" (all inputs listed).
 [[noreturn]] void fail_shapes(const InferArgs& a, const std::string& what);
 [[noreturn]] void fail(const InferArgs& a, const std::string& what);

@@ -24,7 +24,7 @@ cublasHandle_t handle() {
   return handles[dev];
 }
 int as_int(std::int64_t v) {
-  if (v > INT_MAX) throw Error(fmt::format("matmul: dimension {} exceeds cuBLAS's integer range", v));
+  if (v > INT_MAX) throw Error(fmt::format("cuBLAS: dimension {} exceeds its integer range", v));
   return static_cast<int>(v);
 }
 }  // namespace
@@ -36,8 +36,13 @@ void gemm(DType t, bool ta, bool tb, std::int64_t batch, std::int64_t m, std::in
           bool accumulate) {
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0 && accumulate) return;
-  if (k == 0) {
-    AD_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * dtype_size(t), 0));
+  if (k == 0) {  // zeros: each C_i's m n elements, stride_c apart (there may be gaps between them)
+    const std::size_t es = dtype_size(t), width = static_cast<std::size_t>(m * n) * es;
+    if (stride_c == m * n || batch == 1)
+      AD_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch) * width, 0));
+    else
+      AD_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<std::size_t>(stride_c) * es, 0, width,
+                                      static_cast<std::size_t>(batch), 0));
     return;
   }
   cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;

@@ -86,9 +86,7 @@ Var Conv2d::operator()(const Var& x) const {
   if (!weight.defined()) throw Error("Conv2d: use of a default-constructed layer");
   Var y = conv2d(x, weight, conv);
   if (!bias.defined()) return y;
-  // the bias [out] as [out, 1, 1], in y's graph (a reshape of a Parameter alone has none)
-  Var b{y.graph(), y.graph()->param_node(bias.state())};
-  return add(y, reshape(b, Shape{out_channels, 1, 1}));
+  return add(y, reshape(operand_var(bias, y), Shape{out_channels, 1, 1}));  // [out] over every position
 }
 void Conv2d::visit(Visitor& v) const {
   v.parameter("weight", weight);
@@ -127,6 +125,24 @@ Var LayerNorm::operator()(const Var& x) const {
   return layer_norm(x, weight, bias, eps);
 }
 void LayerNorm::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
+}
+
+// ---- GroupNorm ----
+GroupNorm::GroupNorm(std::int64_t g, std::int64_t c, double e, DType dtype) : groups(g), channels(c), eps(e) {
+  check_positive("GroupNorm", "groups", g);
+  check_positive("GroupNorm", "channels", c);
+  check_dtype("GroupNorm", dtype);
+  if (c % g != 0) throw Error(fmt::format("GroupNorm: groups ({}) must divide channels ({})", g, c));
+  weight = Parameter(Tensor::ones({c}, dtype), "weight");
+  bias = Parameter(Tensor::zeros({c}, dtype), "bias");
+}
+Var GroupNorm::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("GroupNorm: use of a default-constructed layer");
+  return group_norm(x, groups, weight, bias, eps);
+}
+void GroupNorm::visit(Visitor& v) const {
   v.parameter("weight", weight);
   v.parameter("bias", bias);
 }

@@ -36,6 +36,13 @@ std::string pair_str(const std::int64_t* v) { return fmt::format("({}, {})", v[0
 // The options every op here takes (stride >= 1, padding >= 0, dilation >= 1).
 void check_options(const InferArgs& a) {
   const Attrs& at = a.attrs;
+  constexpr std::int64_t kMax = std::int64_t{1} << 31;  // keeps the size arithmetic far from overflow
+  for (int i = 0; i < 2; ++i)
+    for (std::int64_t v : {at.stride[i], at.pad[i], at.dilation[i], at.window[i]})
+      if (v >= kMax)
+        fail(a, fmt::format("stride, padding, dilation and kernel must each be below 2^31, got stride {}, padding {}, "
+                            "dilation {}, kernel {}",
+                            pair_str(at.stride), pair_str(at.pad), pair_str(at.dilation), pair_str(at.window)));
   for (int i = 0; i < 2; ++i) {
     if (at.stride[i] < 1) fail(a, fmt::format("stride must be >= 1, got {}", pair_str(at.stride)));
     if (at.pad[i] < 0) fail(a, fmt::format("padding must be >= 0, got {}", pair_str(at.pad)));
@@ -57,7 +64,7 @@ Geom check_conv(const InferArgs& a, const Shape& xs, const Shape& ws) {
   check_rank4(a, xs, "x", "[N, C, H, W]");
   check_rank4(a, ws, "w", "[O, C/groups, KH, KW]");
   const std::int64_t G = a.attrs.groups;
-  if (G < 1) fail(a, fmt::format("groups must be >= 1, got {}", G));
+  if (G < 1 || G >= (std::int64_t{1} << 31)) fail(a, fmt::format("groups must be >= 1 and below 2^31, got {}", G));
   if (xs[1] != ws[1] * G)
     fail_shapes(a, fmt::format("x has {} channels but w expects {} ({} per group x {} groups)", xs[1], ws[1] * G, ws[1], G));
   if (ws[0] % G != 0) fail_shapes(a, fmt::format("groups ({}) must divide w's output channels ({})", G, ws[0]));
@@ -117,11 +124,11 @@ template <class T> void im2col_cpu(const Geom& g, const T* x_img, T* cols) {
         std::fill(o, o + g.wo, T(0));
         continue;
       }
-      const T* row = plane + y * g.w + x0;
+      const T* row = plane + y * g.w;  // tap x0 + ow * sw of this row (x0 may be < 0; ow >= lo keeps it inside)
       std::fill(o, o + sp.lo, T(0));
-      if (g.sw == 1) std::copy(row + sp.lo, row + sp.hi, o + sp.lo);
+      if (g.sw == 1) std::copy(row + x0 + sp.lo, row + x0 + sp.hi, o + sp.lo);
       else
-        for (std::int64_t ow = sp.lo; ow < sp.hi; ++ow) o[ow] = row[ow * g.sw];
+        for (std::int64_t ow = sp.lo; ow < sp.hi; ++ow) o[ow] = row[x0 + ow * g.sw];
       std::fill(o + sp.hi, o + g.wo, T(0));
     }
   });
@@ -141,9 +148,9 @@ template <class T> void col2im_cpu(const Geom& g, const T* cols, T* dx_img) {
         for (std::int64_t oh = 0; oh < g.ho; ++oh) {
           const std::int64_t y = oh * g.sh - g.ph + i * g.dh;
           if (y < 0 || y >= g.h) continue;
-          T* row = plane + y * g.w + x0;
+          T* row = plane + y * g.w;
           const T* src = in + oh * g.wo;
-          for (std::int64_t ow = sp.lo; ow < sp.hi; ++ow) row[ow * g.sw] += src[ow];
+          for (std::int64_t ow = sp.lo; ow < sp.hi; ++ow) row[x0 + ow * g.sw] += src[ow];
         }
       }
   });
@@ -173,12 +180,12 @@ template <class T> void depthwise_forward(const Geom& g, const T* x, const T* w,
     for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi, std::int64_t yy,
                     std::int64_t x0) {
       const T wv = w[o * g.kk() + i * g.kw + j];
-      const T* row = plane + yy * g.w + x0;
+      const T* row = plane + yy * g.w;
       T* dst = out + oh * g.wo;
       if (g.sw == 1)  // contiguous: vectorises
-        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[ow];
+        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[x0 + ow];
       else
-        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[ow * g.sw];
+        for (std::int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * row[x0 + ow * g.sw];
     });
   });
 }
@@ -194,12 +201,12 @@ template <class T> void depthwise_backward_input(const Geom& g, const T* dy, con
       for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi,
                       std::int64_t yy, std::int64_t x0) {
         const T wv = w[o * g.kk() + i * g.kw + j];
-        T* row = plane + yy * g.w + x0;
+        T* row = plane + yy * g.w;
         const T* d = src + oh * g.wo;
         if (g.sw == 1)
-          for (std::int64_t ow = lo; ow < hi; ++ow) row[ow] += wv * d[ow];
+          for (std::int64_t ow = lo; ow < hi; ++ow) row[x0 + ow] += wv * d[ow];
         else
-          for (std::int64_t ow = lo; ow < hi; ++ow) row[ow * g.sw] += wv * d[ow];
+          for (std::int64_t ow = lo; ow < hi; ++ow) row[x0 + ow * g.sw] += wv * d[ow];
       });
     }
   });
@@ -215,10 +222,10 @@ template <class T> void depthwise_backward_weight(const Geom& g, const T* x, con
       const T* src = dy + (n * g.o + o) * L;
       for_taps(g, [&](std::int64_t i, std::int64_t j, std::int64_t oh, std::int64_t lo, std::int64_t hi,
                       std::int64_t yy, std::int64_t x0) {
-        const T* row = plane + yy * g.w + x0;
+        const T* row = plane + yy * g.w;
         const T* d = src + oh * g.wo;
         T s = T(0);
-        for (std::int64_t ow = lo; ow < hi; ++ow) s += d[ow] * row[ow * g.sw];
+        for (std::int64_t ow = lo; ow < hi; ++ow) s += d[ow] * row[x0 + ow * g.sw];
         out[i * g.kw + j] += s;
       });
     }
@@ -436,8 +443,9 @@ const OpDef op_def_conv2d_backward_weight{
     .name = "conv2d_backward_weight", .args = "x,dy", .arity = 2, .infer = infer_conv2d_backward_weight,
     .cpu = conv2d_backward_weight_cpu, .cuda = AD_CUDA_FN(conv2d_backward_weight_cuda),
     .backward = conv2d_backward_weight_bwd, .saves = saves_input(0) | saves_input(1),
-    .flops = [](const InferArgs& a, const Meta& out) {
-      return 2.0 * static_cast<double>(a[1].shape.numel()) * static_cast<double>(out.shape.numel() / out.shape[0]);
+    .flops = [](const InferArgs& a, const Meta& out) {  // dy elements x the weights one output channel has
+      return 2.0 * static_cast<double>(a[1].shape.numel()) *
+             static_cast<double>(out.shape[1] * out.shape[2] * out.shape[3]);
     },
     .workspace = [](const InferArgs& a, const Meta& out) -> std::int64_t {
       return cols_workspace(geom_of(a[0].shape, a.attrs.shape[0], a.attrs.shape[2], a.attrs.shape[3], a.attrs), out);
@@ -464,7 +472,11 @@ Var conv1d(const Operand& x, const Operand& w, const Conv1dOptions& o) {
   c.padding = {0, o.padding};
   c.dilation = {1, o.dilation};
   c.groups = o.groups;
-  Var y = conv2d(reshape(x, {xs[0], xs[1], 1, xs[2]}), reshape(w, {ws[0], ws[1], 1, ws[2]}), c);
+  const Var like = x.var().defined() ? x.var() : w.var();
+  if (!like.defined())
+    throw Error("conv1d: x and w are both Parameters, so no graph is known; place one in a graph with g.param(p)");
+  Var y = conv2d(reshape(operand_var(x, like), {xs[0], xs[1], 1, xs[2]}),
+                 reshape(operand_var(w, like), {ws[0], ws[1], 1, ws[2]}), c);
   return reshape(y, {y.dim(0), y.dim(1), y.dim(3)});
 }
 
@@ -592,20 +604,31 @@ Var avg_pool2d(const Operand& x, const Pool2dOptions& o) {
   const Shape xs = operand_shape("avg_pool2d", x);
   if (!x.var().defined())
     throw Error("avg_pool2d: x is a Parameter, so no graph is known; place it in a graph with g.param(p)");
-  if (xs.rank() != 4) throw Error(fmt::format("avg_pool2d: x must be rank 4 [N, C, H, W], got {}", xs.str()));
-  const Attrs at = pool_attrs("avg_pool2d", o);
-  if (o.dilation[0] != 1 || o.dilation[1] != 1)
-    throw Error(fmt::format("avg_pool2d: dilation must be 1, got ({}, {})", o.dilation[0], o.dilation[1]));
-  if (o.kernel[0] < 1 || o.kernel[1] < 1)
-    throw Error(fmt::format("avg_pool2d: kernel must be >= 1, got ({}, {})", o.kernel[0], o.kernel[1]));
   const Var& xv = x.var();
-  Var w = full(xv, Shape{xs[1], 1, o.kernel[0], o.kernel[1]}, 1.0 / static_cast<double>(o.kernel[0] * o.kernel[1]),
-               xv.dtype());
-  Conv2dOptions c;
-  c.stride = {at.stride[0], at.stride[1]};
-  c.padding = {at.pad[0], at.pad[1]};
-  c.groups = xs[1];
-  return conv2d(xv, w, c);
+  if (xs.rank() != 4) throw Error(fmt::format("avg_pool2d: x must be rank 4 [N, C, H, W], got {}", xs.str()));
+  if (xv.dtype() != DType::f32 && xv.dtype() != DType::f64)
+    throw Error(fmt::format("avg_pool2d: x must be f32 or f64, got {}", describe(Meta{xs, xv.dtype(), xv.device()})));
+  const Attrs at = pool_attrs("avg_pool2d", o);
+  for (std::size_t i = 0; i < 2; ++i) {
+    if (o.dilation[i] != 1)
+      throw Error(fmt::format("avg_pool2d: dilation must be 1, got ({}, {})", o.dilation[0], o.dilation[1]));
+    if (o.kernel[i] < 1)
+      throw Error(fmt::format("avg_pool2d: kernel must be >= 1, got ({}, {})", o.kernel[0], o.kernel[1]));
+    if (o.padding[i] < 0)
+      throw Error(fmt::format("avg_pool2d: padding must be >= 0, got ({}, {})", o.padding[0], o.padding[1]));
+    if (o.kernel[i] > xs[2 + static_cast<int>(i)] + 2 * o.padding[i])
+      throw Error(fmt::format("avg_pool2d: the window ({} x {}) is larger than the padded input ({} x {}): x {}",
+                              o.kernel[0], o.kernel[1], xs[2] + 2 * o.padding[0], xs[3] + 2 * o.padding[1], xs.str()));
+  }
+  // depthwise: weight [C, 1, KH, KW]; with no channels, one group of none
+  const std::int64_t c = xs[1];
+  Var w = full(xv, Shape{c, c == 0 ? 0 : 1, o.kernel[0], o.kernel[1]},
+               1.0 / static_cast<double>(o.kernel[0] * o.kernel[1]), xv.dtype());
+  Conv2dOptions co;
+  co.stride = {at.stride[0], at.stride[1]};
+  co.padding = {at.pad[0], at.pad[1]};
+  co.groups = c == 0 ? 1 : c;
+  return conv2d(xv, w, co);
 }
 
 }  // namespace ad

@@ -1,7 +1,9 @@
 #pragma once
-// Internal: the index math of conv2d and the 2-D poolings, shared by the CPU
-// kernels (src/ops/conv.cpp) and the CUDA kernels (src/cuda/conv.cu), so the
-// CPU tests exercise the very code the GPU runs.
+// Internal: the index math of conv2d and the 2-D poolings. The CUDA kernels
+// (src/cuda/conv.cu) evaluate im2col_at / col2im_at per element; the CPU
+// kernels (src/ops/conv.cpp) form the same columns a row segment at a time
+// (the tests compare both with plain loops, and col2im_at's order of terms
+// with the CPU's scatter). The max-pool functions are shared as they are.
 //
 // Layouts (row-major): x [N, C, H, W], w [O, C/G, KH, KW], y [N, O, HO, WO].
 // The columns of one image ("im2col"): cols[r][l] with r = (c * KH + i) * KW

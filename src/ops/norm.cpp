@@ -126,6 +126,30 @@ Var rms_norm(const Operand& x, const Operand& gamma, double eps) {
   at.scalar = eps;
   return make_node(OpId::rms_norm, {x, gamma}, at);
 }
+// ---- group_norm ----  a composition: layer_norm over each (image, group) row of
+// x viewed as [N, G, C/G * rest], then the per-channel affine
+Var group_norm(const Operand& x, std::int64_t groups, const Operand& gamma, const Operand& beta, double eps) {
+  const Shape xs = operand_shape("group_norm", x);
+  const Shape gs = operand_shape("group_norm", gamma), bs = operand_shape("group_norm", beta);
+  auto shapes = [&] { return fmt::format("x {} gamma {} beta {}", xs.str(), gs.str(), bs.str()); };
+  if (!x.var().defined())
+    throw Error("group_norm: x is a Parameter, so no graph is known; place it in a graph with g.param(p)");
+  if (xs.rank() < 2) throw Error(fmt::format("group_norm: x needs rank >= 2 [N, C, ...]: {}", shapes()));
+  if (!(eps >= 0)) throw Error(fmt::format("group_norm: eps must be >= 0, got {}", eps));
+  const std::int64_t n = xs[0], c = xs[1];
+  if (groups < 1 || c % groups != 0)
+    throw Error(fmt::format("group_norm: groups ({}) must be >= 1 and divide the {} channels: {}", groups, c, shapes()));
+  if (!(gs == Shape{c}) || !(bs == Shape{c}))
+    throw Error(fmt::format("group_norm: gamma and beta must be [C] = [{}]: {}", c, shapes()));
+  const Var& xv = x.var();
+  const std::int64_t row = n * c == 0 ? 0 : xs.numel() / (n * groups);
+  Var z = reshape(xv, Shape{n, groups, row});
+  z = layer_norm(z, full(xv, Shape{row}, 1.0, xv.dtype()), full(xv, Shape{row}, 0.0, xv.dtype()), eps);
+  Shape per_channel{c};
+  for (int d = 2; d < xs.rank(); ++d) per_channel.push_back(1);
+  return add(mul(reshape(z, xs), reshape(operand_var(gamma, xv), per_channel)),
+             reshape(operand_var(beta, xv), per_channel));
+}
 // ---- rms_norm_backward ----  gd = dy gamma: dx = r (gd - x r^2 mean(gd x)); dgamma = sum_rows dy x r
 void rms_norm_backward_cpu(const KernelArgs& k) {
   std::int64_t d = k[0].shape().back(), rows = d ? k[0].numel() / d : 0;

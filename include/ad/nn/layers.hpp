@@ -1,5 +1,5 @@
 #pragma once
-// Basic layers: Linear, Conv2d, Embedding, LayerNorm, RMSNorm, Dropout, MLP.
+// Basic layers: Linear, Conv2d, Embedding, LayerNorm, GroupNorm, RMSNorm, Dropout, MLP.
 // Each builds its output from ad ops (so autodiff and rematerialisation see
 // ordinary nodes) and initialises its parameters from an ad::Rng; the same
 // seed gives the same parameters, bit for bit. Parameter dtype: f32 or f64.
@@ -94,6 +94,20 @@ class LayerNorm : public Module {
   void visit(Visitor& v) const override;
 
   std::int64_t dim = 0;
+  double eps = 1e-5;
+  Parameter weight, bias;
+};
+
+// group_norm (ad/ops.hpp) over x [N, channels, ...]: "weight" [channels] = 1,
+// "bias" [channels] = 0. The norm for small batches (no batch statistics).
+class GroupNorm : public Module {
+ public:
+  GroupNorm() = default;
+  GroupNorm(std::int64_t groups, std::int64_t channels, double eps = 1e-5, DType dtype = DType::f32);
+  Var operator()(const Var& x) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t groups = 0, channels = 0;
   double eps = 1e-5;
   Parameter weight, bias;
 };
