@@ -1,6 +1,8 @@
 // Edge values in the core ops' numbers (not their errors: tests/edge_input.cpp):
 // empty products, NaN through row reductions and activations, 0^0, the
-// saturation of f32 tanh, and f64 -> f16 / bf16 in one rounding.
+// saturation of f32 tanh, f64 -> f16 / bf16 in one rounding, and the
+// comparisons and where (IEEE NaN, untaken branches, broadcasting, their
+// errors, and parameters read only through them).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -367,6 +369,233 @@ TEST_CASE("edge: detach is x, shares its memory, and stops the gradient (not an 
     CHECK_FALSE(u.has_fresh_grad());  // not a gradient of zeros: an optimizer leaves u alone
     CHECK(v.has_fresh_grad());
     Graph g5;
-    EXPECT_ERROR(backward(sum(detach(g5.param(u))), pol), "does not depend on any Parameter (other than through detach)");
+    EXPECT_ERROR(backward(sum(detach(g5.param(u))), pol), "does not depend on any Parameter (other than through detach");
+  }
+}
+
+// ---- comparisons and where ----
+namespace {
+// A rank-0 constant of x's dtype, for comparisons with a number.
+Var scalar_like(const Var& x, double v) { return full(x, {}, v, x.dtype()); }
+}  // namespace
+
+TEST_CASE("edge: comparisons follow IEEE (a NaN compares false but for not_equal, -0 == 0) and have zero gradient") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> av{1, 2, 3, nan, inf, -inf, 0.0, -0.0, nan, 1, inf};
+  const std::vector<double> bv{2, 2, 1, 0, inf, 5, -0.0, 0.0, nan, nan, -inf};
+  struct Cmp {
+    Var (*fn)(const Operand&, const Operand&);
+    bool (*want)(double, double);
+    const char* name;
+  };
+  const Cmp cmps[] = {
+      {ad::greater, [](double x, double y) { return x > y; }, "greater"},
+      {ad::greater_equal, [](double x, double y) { return x >= y; }, "greater_equal"},
+      {ad::less, [](double x, double y) { return x < y; }, "less"},
+      {ad::less_equal, [](double x, double y) { return x <= y; }, "less_equal"},
+      {ad::equal, [](double x, double y) { return x == y; }, "equal"},
+      {ad::not_equal, [](double x, double y) { return x != y; }, "not_equal"},
+  };
+  for (DType t : {DType::f64, DType::f32}) {
+    PGraph g;
+    Var a = g.input(f64s(av, {11}).to(t)), b = g.input(f64s(bv, {11}).to(t));
+    for (const Cmp& cm : cmps) {
+      INFO(dtype_name(t), " ", cm.name);
+      Var y = cm.fn(a, b);
+      CHECK(y.dtype() == t);
+      CHECK(y.shape() == Shape{11});
+      std::vector<double> got = eval(y).to(DType::f64).to_vector();
+      for (std::size_t i = 0; i < av.size(); ++i) {
+        INFO("element ", i, ": ", av[i], " vs ", bv[i]);
+        CHECK(got[i] == (cm.want(av[i], bv[i]) ? 1.0 : 0.0));
+      }
+      // the gradient is zero for both operands, of their shapes
+      std::vector<Var> gr = grad(sum(cm.fn(a, b)), {a, b});
+      CHECK(eval(gr[0]).to(DType::f64).to_vector() == std::vector<double>(11, 0.0));
+      CHECK(eval(gr[1]).to(DType::f64).to_vector() == std::vector<double>(11, 0.0));
+    }
+    // spelled out: NaN is neither greater, less nor equal (not even to itself) but is not_equal; -0 == 0
+    CHECK(eval(greater(a, b)).to(DType::f64).to_vector()[3] == 0.0);
+    CHECK(eval(less_equal(a, b)).to(DType::f64).to_vector()[3] == 0.0);
+    CHECK(eval(equal(a, b)).to(DType::f64).to_vector()[8] == 0.0);
+    CHECK(eval(not_equal(a, b)).to(DType::f64).to_vector()[8] == 1.0);
+    CHECK(eval(equal(a, b)).to(DType::f64).to_vector()[6] == 1.0);
+    CHECK(eval(equal(a, b)).to(DType::f64).to_vector()[4] == 1.0);  // inf == inf
+  }
+  // broadcasting as maximum: [3,1] against [4] -> [3,4]
+  PGraph g;
+  Var col = g.input(f64s({-1, 0.5, 2}, {3, 1})), row = g.input(f64s({0, 1, -2, 0.5}, {4}));
+  Var y = greater_equal(col, row);
+  REQUIRE(y.shape() == Shape{3, 4});
+  std::vector<double> got = eval(y).to_vector();
+  const double cv[] = {-1, 0.5, 2}, rv[] = {0, 1, -2, 0.5};
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 4; ++j) CHECK(got[i * 4 + j] == (cv[i] >= rv[j] ? 1.0 : 0.0));
+  std::vector<Var> gr = grad(sum(mul(y, col)), {col, row});  // d/dcol = the mask's row sums; d/drow = 0
+  CHECK(eval(gr[0]).to_vector() == std::vector<double>{1, 3, 4});
+  CHECK(eval(gr[1]).to_vector() == std::vector<double>(4, 0.0));
+  // errors name the op and both shapes
+  EXPECT_ERROR(greater(col, g.input(f64s({1, 2}, {2, 1}))), "greater: shapes do not broadcast: a f64[3,1] vs b f64[2,1]");
+  EXPECT_ERROR(not_equal(col, g.input(Tensor::ones({3, 1}, DType::f32))), "not_equal", "dtype mismatch",
+               "a f64[3,1] vs b f32[3,1]");
+  EXPECT_ERROR(less(g.input(index({1, 2}, {2})), g.input(index({1, 2}, {2}))), "less", "a must be f32 or f64, got i64");
+}
+
+TEST_CASE("edge: where selects; a NaN or inf in the branch not taken reaches neither the value nor the gradient") {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (DType t : {DType::f64, DType::f32}) {
+    INFO(dtype_name(t));
+    PGraph g;
+    // cond: NaN counts as true (nonzero), -0 as false
+    Var c = g.input(f64s({1, 0, 1, 0, nan, -0.0, 2}, {7}).to(t));
+    Var a = g.input(f64s({1, nan, 2, inf, 3, -inf, -4}, {7}).to(t));
+    Var b = g.input(f64s({nan, 5, inf, 6, -inf, 7, nan}, {7}).to(t));
+    Var y = where(c, a, b);
+    CHECK(y.dtype() == t);
+    CHECK(eval(y).to(DType::f64).to_vector() == std::vector<double>{1, 5, 2, 6, 3, 7, -4});
+    // gradients: dout where taken, exactly 0 elsewhere, even where the seed there is inf or NaN
+    Var seed = g.input(f64s({1, inf, 3, nan, 5, 6, 7}, {7}).to(t));
+    std::vector<Var> gr = grad(y, {a, b, c}, seed);
+    std::vector<double> ga = eval(gr[0]).to(DType::f64).to_vector(), gb = eval(gr[1]).to(DType::f64).to_vector();
+    std::vector<double> gc = eval(gr[2]).to(DType::f64).to_vector();
+    const double want_a[] = {1, 0, 3, 0, 5, 0, 7}, want_b[] = {0, inf, 0, nan, 0, 6, 0};
+    for (std::size_t i = 0; i < 7; ++i) {
+      INFO("element ", i);
+      CHECK(ga[i] == want_a[i]);
+      if (std::isnan(want_b[i])) CHECK(std::isnan(gb[i]));
+      else CHECK(gb[i] == want_b[i]);
+      CHECK(gc[i] == 0.0);
+    }
+    // the safe-branch pattern: log where x > 0, 0 elsewhere, with the input selected too (log's own
+    // backward divides by x): finite values and gradients at x = 0 and x < 0
+    Var x = g.input(f64s({-1, 0, 2, -0.0}, {4}).to(t));
+    Var pos = greater(x, scalar_like(x, 0));
+    Var safe = where(pos, log(where(pos, x, 1.0)), 0.0);
+    std::vector<double> sv = eval(safe).to(DType::f64).to_vector(), sg = eval(grad(sum(safe), {x})[0]).to(DType::f64).to_vector();
+    CHECK(sv == std::vector<double>{0, 0, static_cast<double>(t == DType::f32 ? std::log(2.0f) : std::log(2.0)), 0});
+    CHECK(sg == std::vector<double>{0, 0, 0.5, 0});
+  }
+}
+
+TEST_CASE("edge: where broadcasts cond, a and b together (every input's turn), on poisoned outputs") {
+  Rng rng(31);
+  struct Shapes {
+    Shape c, a, b;
+  };
+  const Shapes cases[] = {{{3, 1}, {2, 3, 4}, {4}},  {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}, {{1, 4}, {3, 1}, {2, 1, 1}},
+                          {{2, 1, 4}, {}, {2, 3, 1}}, {{5}, {5}, {1}},                 {{}, {}, {}},
+                          {{4, 1, 1}, {1, 3, 1}, {1, 1, 5}}, {{2, 0, 3}, {3}, {1}},    {{6, 1}, {6, 7}, {6, 7}}};
+  for (const Shapes& s : cases) {
+    INFO("cond ", s.c.str(), " a ", s.a.str(), " b ", s.b.str());
+    Shape ab, out;
+    REQUIRE(broadcast_shapes(s.a, s.b, ab));
+    REQUIRE(broadcast_shapes(s.c, ab, out));
+    PGraph g;
+    Tensor ct = away_from_zero(s.c, rng), at = randn64(s.a, rng), bt = randn64(s.b, rng);
+    Var c = g.input(ct), a = g.input(at), b = g.input(bt);
+    Var y = where(greater(c, scalar_like(c, 0)), a, b);
+    REQUIRE(y.shape() == out);
+    Tensor w = randn64(out, rng);
+    std::vector<Var> gr = grad(sum(mul(y, g.input(w))), {a, b, c});
+    std::vector<double> yv = eval(y).to_vector(), ga = eval(gr[0]).to_vector(), gb = eval(gr[1]).to_vector();
+    CHECK(eval(gr[2]).to_vector() == std::vector<double>(static_cast<std::size_t>(s.c.numel()), 0.0));
+    // the reference: element by element through the output's index, by numpy's rules
+    std::vector<double> cv = ct.to_vector(), av = at.to_vector(), bv = bt.to_vector(), wv = w.to_vector();
+    std::vector<double> want_ga(av.size(), 0.0), want_gb(bv.size(), 0.0);
+    auto flat = [&out](const Shape& in, std::int64_t i) {  // the element of `in` that output element i reads
+      std::int64_t k = 0, stride = 1;
+      for (int d = out.rank() - 1, e = in.rank() - 1; e >= 0; --d, --e) {
+        const std::int64_t coord = i % out[d];  // i: the output index with the dims after d divided out
+        k += (in[e] == 1 ? 0 : coord) * stride;
+        stride *= in[e];
+        i /= out[d];
+      }
+      return static_cast<std::size_t>(k);
+    };
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      const bool take_a = cv[flat(s.c, i)] > 0;
+      const std::size_t ia = flat(s.a, i), ib = flat(s.b, i);
+      CHECK(yv[static_cast<std::size_t>(i)] == (take_a ? av[ia] : bv[ib]));
+      (take_a ? want_ga[ia] : want_gb[ib]) += wv[static_cast<std::size_t>(i)];
+    }
+    for (std::size_t i = 0; i < ga.size(); ++i) CHECK(ga[i] == doctest::Approx(want_ga[i]).epsilon(1e-12));
+    for (std::size_t i = 0; i < gb.size(); ++i) CHECK(gb[i] == doctest::Approx(want_gb[i]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("edge: where(x > 0, x, 0) is relu, value and gradient, bit for bit") {
+  Rng rng(37);
+  for (DType t : {DType::f64, DType::f32}) {
+    INFO(dtype_name(t));
+    std::vector<double> xs = randn64({5, 8}, rng).to(t).to(DType::f64).to_vector();
+    xs[3] = 0.0;
+    xs[7] = -0.0;
+    xs[11] = std::numeric_limits<double>::infinity();
+    xs[12] = -std::numeric_limits<double>::infinity();
+    PGraph g;
+    Var x = g.input(f64s(xs, {5, 8}).to(t));
+    Var r = relu(x), m = where(greater(x, scalar_like(x, 0)), x, 0.0);
+    Tensor w = randn64({5, 8}, rng).to(t);
+    Var gr = grad(sum(mul(r, g.input(w))), {x})[0], gm = grad(sum(mul(m, g.input(w))), {x})[0];
+    CHECK(bitwise_equal(eval(m), eval(r)));
+    CHECK(bitwise_equal(eval(gm), eval(gr)));
+  }
+}
+
+TEST_CASE("edge: where's errors name where and the three shapes") {
+  PGraph g;
+  Var c = g.input(Tensor::ones({2}, DType::f64)), a = g.input(Tensor::ones({3}, DType::f64));
+  Var b = g.input(Tensor::ones({4}, DType::f64));
+  EXPECT_ERROR(where(c, a, b), "where: shapes do not broadcast: cond f64[2] vs a f64[3] vs b f64[4]");
+  EXPECT_ERROR(where(g.input(Tensor::ones({2, 3}, DType::f64)), g.input(Tensor::ones({4, 1}, DType::f64)), 0.0),
+               "where: shapes do not broadcast: cond f64[2,3] vs a f64[4,1] vs b f64[]");
+  EXPECT_ERROR(where(g.input(Tensor::ones({3}, DType::f32)), a, a), "where", "dtype mismatch",
+               "cond f32[3] vs a f64[3] vs b f64[3]");
+  EXPECT_ERROR(where(g.input(index({1, 0, 1}, {3})), a, a), "where", "cond must be f32 or f64, got i64");
+  EXPECT_ERROR(where(a, g.input(index({1, 0, 1}, {3})), 0.0), "where", "a must be f32 or f64, got i64");
+  EXPECT_ERROR(where(a, 1.0, g.input(Tensor::ones({3}, DType::bf16))), "where", "b must be f32 or f64, got bf16");
+  Parameter p = Parameter::zeros({3}, DType::f64), q = Parameter::zeros({3}, DType::f64);
+  EXPECT_ERROR(where(p, q, 0.0), "where: neither cond nor a is a Var of a graph", "g.param(p)");
+  EXPECT_ERROR(where(p, q, Parameter::zeros({1}, DType::f64)), "where: every input is a Parameter",
+               "cond f64[3] vs a f64[3] vs b f64[1]");
+  EXPECT_ERROR(where(c, Var{}, 0.0), "where: input a is an undefined Var");
+}
+
+TEST_CASE("edge: a Parameter read only through a comparison or as where's cond gets no gradient, as through detach") {
+  Rng rng(41);
+  Tensor xt = randn64({4, 3}, rng);
+  for (const Policy& pol : {policy::keep_all(), policy::sqrt_n()}) {
+    Parameter u = Parameter::randn({4, 3}, rng, 1.0, DType::f64), v = Parameter::randn({4, 3}, rng, 1.0, DType::f64);
+    // u only in masks, v differentiably: v's gradient, none for u
+    {
+      Graph g;
+      Var x = g.input(xt), pu = g.param(u);
+      Var mask = greater(pu, scalar_like(pu, 0));
+      backward(sum(mul(where(mask, x, 0.0), g.param(v))) + sum(where(pu, x, mul(x, x))), pol);
+      CHECK_FALSE(u.has_fresh_grad());
+      CHECK_FALSE(u.has_grad());
+      REQUIRE(v.has_fresh_grad());
+      std::vector<double> uv = u.value().to_vector(), xv = xt.to_vector(), gv = v.grad().to_vector();
+      for (std::size_t i = 0; i < uv.size(); ++i) CHECK(gv[i] == (uv[i] > 0 ? xv[i] : 0.0));
+    }
+    // only masks: the error backward gives for detach, naming both
+    Graph g2;
+    Var pu = g2.param(u);
+    EXPECT_ERROR(backward(sum(less(pu, scalar_like(pu, 0.5))), pol),
+                 "does not depend on any Parameter (other than through detach, a comparison or where's cond");
+    EXPECT_ERROR(backward(sum(where(pu, g2.input(xt), 1.0)), pol), "does not depend on any Parameter");
+    // grad() and backward_wrt: zeros, no error (as through detach)
+    CHECK(eval(grad(sum(equal(pu, pu)), {pu})[0]).to_vector() == std::vector<double>(12, 0.0));
+    Var xi = g2.input(xt);
+    Report r = backward_wrt(sum(greater(xi, scalar_like(xi, 0))), {xi}, pol);
+    CHECK(r.grads[0].to_vector() == std::vector<double>(12, 0.0));
+    // read through a mask and differentiably: the differentiable path's gradient (relu's)
+    Graph g3;
+    Var p3 = g3.param(u);
+    u.zero_grad();
+    backward(sum(where(greater(p3, scalar_like(p3, 0)), p3, 0.0)), pol);
+    REQUIRE(u.has_fresh_grad());
+    std::vector<double> uv = u.value().to_vector(), gu = u.grad().to_vector();
+    for (std::size_t i = 0; i < uv.size(); ++i) CHECK(gu[i] == (uv[i] > 0 ? 1.0 : 0.0));
   }
 }

@@ -334,6 +334,51 @@ void nn_ops(CaseList& c, Rng& rng) {
           [o](const std::vector<Var>& v) { return dropout(v[0], 0.3, 42, o); });
   }
 }
+// ---- comparisons and where: appended last, with their own Rng, so the
+//      cases before them keep their inputs and weight seeds ----
+void comparisons_and_where(CaseList& c) {
+  Rng rng(20261128);
+  // a grid of k + off (k integer in [-3, 3), jitter below 0.1): grids at offsets 0.2 and 0.6 are never within
+  // 0.3 of each other, so no comparison flips within eps
+  auto grid = [&rng](const Shape& s, double off) {
+    Tensor k = uniform64(s, rng, -3, 3), j = uniform64(s, rng, 0, 0.1);
+    double* p = k.data<double>();
+    const double* q = j.data<double>();
+    for (std::int64_t i = 0; i < k.numel(); ++i) p[i] = std::floor(p[i]) + off + q[i];
+    return k;
+  };
+  struct Cmp { OpId op; Var (*fn)(const Operand&, const Operand&); };
+  const Cmp cmps[] = {{OpId::greater, ad::greater}, {OpId::greater_equal, ad::greater_equal}, {OpId::less, ad::less},
+                      {OpId::less_equal, ad::less_equal}, {OpId::equal, ad::equal}, {OpId::not_equal, ad::not_equal}};
+  const std::pair<Shape, Shape> shapes[] = {{{3, 4}, {3, 4}}, {{2, 3, 4}, {3, 1}}, {{2, 1}, {1, 3}}, {{}, {3, 2}}};
+  for (const Cmp& cm : cmps) {
+    auto fn = cm.fn;
+    for (const auto& sh : shapes)
+      c.add(cm.op, sh.first.str() + " , " + sh.second.str(), {grid(sh.first, 0.2), grid(sh.second, 0.6)},
+            [fn](const std::vector<Var>& v) { return fn(v[0], v[1]); });
+    // ties that stay ties under any perturbation: a against maximum(a, b) (equal where a > b), and x against itself
+    c.add(cm.op, "a , maximum(a, b) [2,3,4] [3,1]", {grid({2, 3, 4}, 0.2), grid({3, 1}, 0.6)},
+          [fn](const std::vector<Var>& v) { return fn(v[0], maximum(v[0], v[1])); });
+    c.add(cm.op, "x , x [5]", {randn64({5}, rng)}, [fn](const std::vector<Var>& v) { return fn(v[0], v[0]); });
+  }
+  // where: cond = (c > 0) with c away from 0; each operand broadcast in turn, then all three
+  auto positive = [](const Var& x) { return greater(x, full(x, {}, 0.0, x.dtype())); };
+  struct W { Shape sc, sa, sb; };
+  const W ws[] = {{{3, 4}, {3, 4}, {3, 4}},       {{3, 1}, {2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {3, 1}, {2, 3, 4}},
+                  {{2, 3, 4}, {2, 3, 4}, {4}},    {{2, 1, 4}, {2, 3, 4}, {}},     {{1, 4}, {3, 1}, {2, 1, 1}},
+                  {{}, {2, 3}, {3}},              {{5}, {1}, {5}}};
+  for (const W& w : ws)
+    c.add(OpId::where, fmt::format("cond {} a {} b {}", w.sc.str(), w.sa.str(), w.sb.str()),
+          {away_from_zero(w.sc, rng), randn64(w.sa, rng), randn64(w.sb, rng)},
+          [positive](const std::vector<Var>& v) { return where(positive(v[0]), v[1], v[2]); });
+  // the scalar forms, and cond from the operands themselves (minimum and maximum without ties)
+  c.add(OpId::where, "where(cond [3,4], x [3,4], 0.0)", {away_from_zero({3, 4}, rng), randn64({3, 4}, rng)},
+        [positive](const std::vector<Var>& v) { return where(positive(v[0]), v[1], 0.0); });
+  c.add(OpId::where, "where(cond [2,1], -1.5, x [2,3])", {away_from_zero({2, 1}, rng), randn64({2, 3}, rng)},
+        [positive](const std::vector<Var>& v) { return where(positive(v[0]), -1.5, v[1]); });
+  c.add(OpId::where, "where(a < b, a, b) [2,3,4] [3,1]", {grid({2, 3, 4}, 0.2), grid({3, 1}, 0.6)},
+        [](const std::vector<Var>& v) { return where(less(v[0], v[1]), v[0], v[1]); });
+}
 }  // namespace
 
 std::vector<GradCase> gradcheck_cases() {
@@ -348,6 +393,7 @@ std::vector<GradCase> gradcheck_cases() {
   semicrf_gradcheck_cases(c.v, rng);
   semiseparable_gradcheck_cases(c.v, rng);
   conv_gradcheck_cases(c.v, rng);
+  comparisons_and_where(c);
   return std::move(c.v);
 }
 

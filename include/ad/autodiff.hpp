@@ -22,8 +22,10 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 
 // Computes loss and the gradient of loss with respect to every Parameter it
 // depends on, and adds them into Parameter::grad() (gradients accumulate
-// until zero_grad()). A parameter read only through ad::detach is not one
-// of them: it gets no gradient (an optimizer leaves it alone). The policy decides what is kept, freed and recomputed.
+// until zero_grad()). A parameter read only through ad::detach, or only
+// through the operands of comparisons (greater, ...) or where's cond, whose
+// gradient is zero, is not one of them: it gets no gradient (an optimizer
+// leaves it alone). The policy decides what is kept, freed and recomputed.
 // - Throws ad::Error if loss is not a one-element tensor and no seed is given,
 //   or if loss depends on no Parameter.
 // - Calling backward again on the same graph reuses the gradient nodes built

@@ -24,6 +24,37 @@ Var pow(const Operand& a, const Operand& b);
 // gradients), as numpy's maximum.
 Var maximum(const Operand& a, const Operand& b);
 Var minimum(const Operand& a, const Operand& b);
+// Elementwise comparisons (broadcasting, as maximum): 1 where a > b (>=, <,
+// <=, ==, !=) holds, else 0, in the operands' dtype (f32 or f64, the same
+// for both). IEEE: a NaN compares false, except for not_equal (true); -0 ==
+// 0. The gradient is zero (they are piecewise constant): grad() gives zeros,
+// and backward() gives no gradient to a Parameter the loss reads only
+// through comparisons (an error if the loss reads none otherwise), as for
+// detach. Throws ad::Error naming the op and both shapes when they do not
+// broadcast or the dtypes differ.
+Var greater(const Operand& a, const Operand& b);
+Var greater_equal(const Operand& a, const Operand& b);
+Var less(const Operand& a, const Operand& b);
+Var less_equal(const Operand& a, const Operand& b);
+Var equal(const Operand& a, const Operand& b);
+Var not_equal(const Operand& a, const Operand& b);
+// Elementwise select: a where cond is nonzero (NaN included, as numpy's
+// bool(nan)), else b. cond, a and b broadcast together (numpy rules: [3,1],
+// [2,3,4], [4] -> [2,3,4]) and share one float dtype (cond is typically a
+// comparison's 1/0 output). The operand not taken never reaches the output:
+// a NaN or inf there is not seen. Gradients: a gets where(cond, dout, 0), b
+// where(cond, 0, dout) (each summed to its shape), cond none (a Parameter
+// read only as cond gets no gradient from backward, as for comparisons).
+// Note that a branch op's own gradient is still formed where it is not
+// taken: where(x > 0, log(x), 0) has a NaN gradient at x = 0 (0 / 0 in
+// log's backward); select the input too, log(where(x > 0, x, 1)).
+// The scalar forms put `a` or `b` in as a rank-0 constant of the other
+// operand's dtype: where(cond, x, 0.0). Throws ad::Error naming where and
+// the three shapes when they do not broadcast, and for dtypes that differ
+// or are not f32/f64.
+Var where(const Operand& cond, const Operand& a, const Operand& b);
+Var where(const Operand& cond, const Operand& a, double b);
+Var where(const Operand& cond, double a, const Operand& b);
 
 // ---- elementwise with a scalar ----
 Var add_scalar(const Operand& x, double s);   // x + s

@@ -110,8 +110,9 @@ void check_loss(const Var& loss, const Var& seed, const char* op) {
                             "gradient of its shape",
                             op, loss.str()));
 }
-// The parameters `loss` depends on differentiably (not only through detach),
-// in node order: only they get gradients (and step in an optimizer).
+// The parameters `loss` depends on differentiably (not only through detach
+// or the inputs of OpDef::zero_grad_inputs: comparisons, where's cond), in
+// node order: only they get gradients (and step in an optimizer).
 std::vector<Var> params_of(const Var& loss) {
   GraphImpl& g = *loss.graph();
   const std::int32_t L = loss.id();
@@ -122,8 +123,10 @@ std::vector<Var> params_of(const Var& loss) {
     if (!reach[static_cast<std::size_t>(id)]) continue;
     const Node& nd = g.node(id);
     if (nd.op == OpId::parameter) params.emplace_back(&g, id);
-    if (op_def(nd.op).stops_gradient) continue;
-    for (auto in : nd.inputs) reach[static_cast<std::size_t>(in)] = 1;
+    const OpDef& def = op_def(nd.op);
+    if (def.stops_gradient) continue;
+    for (std::size_t i = 0; i < nd.inputs.size(); ++i)
+      if (i >= 8 || !((def.zero_grad_inputs >> i) & 1u)) reach[static_cast<std::size_t>(nd.inputs[i])] = 1;
   }
   std::reverse(params.begin(), params.end());
   return params;
@@ -191,8 +194,9 @@ Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
     std::vector<Var> params = params_of(loss);
     if (params.empty())
       throw Error(fmt::format("backward: loss {} does not depend on any Parameter (other than through "
-                              "detach); use ad::backward_wrt(loss, wrt, policy) or ad::grad(loss, wrt) to "
-                              "differentiate with respect to inputs",
+                              "detach, a comparison or where's cond, whose gradient is zero); use "
+                              "ad::backward_wrt(loss, wrt, policy) or ad::grad(loss, wrt) to differentiate with "
+                              "respect to inputs",
                               loss.str()));
     auto grads = grad(loss, params, seed);
     GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};

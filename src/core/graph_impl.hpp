@@ -154,6 +154,12 @@ struct OpDef {
   // detach: no gradient flows through the output, by design (grad() treats
   // it as a constant; no_grad says so). Not an error, unlike a missing rule.
   bool stops_gradient = false;
+  // Inputs (bit i) with respect to which the output's gradient is zero
+  // wherever it is defined (a comparison's operands, where's cond): the
+  // backward rule gives them none, and backward() does not count a
+  // Parameter reached only through such inputs (or detach) as one the loss
+  // depends on, so it gets no gradient (an optimizer leaves it alone).
+  std::uint8_t zero_grad_inputs = 0;
 };
 
 // An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA

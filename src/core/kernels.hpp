@@ -34,6 +34,13 @@ AD_VEC void map2(const T* a, const T* b, T* y, std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
 }
 
+// out[i] = f(a[i], b[i], c[i]).
+// y may equal a, b or c, as for map1.
+template <class T, class F>
+AD_VEC void map3(const T* a, const T* b, const T* c, T* y, std::int64_t n, F f) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i], c[i]);
+}
+
 // Strides of `in` viewed through numpy broadcasting as `out` (0 on broadcast dims).
 inline void broadcast_strides(const Shape& in, const Shape& out, std::int64_t* strides) {
   int off = out.rank() - in.rank();
@@ -84,6 +91,55 @@ AD_VEC void broadcast2(const T* a, const Shape& as, const T* b, const Shape& bs,
       if (++idx[k] < ys[k]) { oa += sa[k]; ob += sb[k]; break; }
       oa -= sa[k] * (ys[k] - 1);
       ob -= sb[k] * (ys[k] - 1);
+      idx[k] = 0;
+    }
+  }
+}
+
+// y = f(a, b, c) with numpy broadcasting of a, b and c to y's shape (where).
+// As broadcast2: the trailing dims across which each input stays either
+// contiguous (step 1) or constant (step 0) run as one inner loop. y may
+// equal an input of y's shape (element i of each input is read before y[i]
+// is written).
+template <class T, class F>
+AD_VEC void broadcast3(const T* a, const Shape& as, const T* b, const Shape& bs, const T* c, const Shape& cs, T* y,
+                       const Shape& ys, F f) {
+  std::int64_t n = ys.numel();
+  if (n == 0) return;
+  if (as == ys && bs == ys && cs == ys) { map3(a, b, c, y, n, f); return; }
+  int r = ys.rank();
+  if (r == 0) { y[0] = f(a[0], b[0], c[0]); return; }
+  std::int64_t st[3][kMaxRank]{};
+  broadcast_strides(as, ys, st[0]);
+  broadcast_strides(bs, ys, st[1]);
+  broadcast_strides(cs, ys, st[2]);
+  // the inner run: dims r-1, r-2, ... while each input keeps its inner step (1: contiguous, 0: one value)
+  std::int64_t inner = ys[r - 1];
+  const std::int64_t ia = st[0][r - 1], ib = st[1][r - 1], ic = st[2][r - 1];
+  int d = r - 2;
+  for (; d >= 0; --d) {
+    bool ok = true;
+    for (const auto& s : st) {
+      const std::int64_t step = s[r - 1];
+      ok &= (step == 0 && s[d] == 0) || (step == 1 && s[d] == inner);
+    }
+    if (!ok) break;
+    inner *= ys[d];
+  }
+  std::int64_t outer = n / inner;
+  std::int64_t idx[kMaxRank] = {0};
+  std::int64_t oa = 0, ob = 0, oc = 0;
+  for (std::int64_t o = 0; o < outer; ++o) {
+    T* yo = y + o * inner;
+    const T *ao = a + oa, *bo = b + ob, *co = c + oc;
+    if (ia && ib && ic) for (std::int64_t i = 0; i < inner; ++i) yo[i] = f(ao[i], bo[i], co[i]);
+    else for (std::int64_t i = 0; i < inner; ++i) yo[i] = f(ao[i * ia], bo[i * ib], co[i * ic]);
+    // advance the odometer over dims 0..d
+    for (int k = d; k >= 0; --k) {
+      if (++idx[k] < ys[k]) { oa += st[0][k]; ob += st[1][k]; oc += st[2][k]; break; }
+      oa -= st[0][k] * (ys[k] - 1);
+      ob -= st[1][k] * (ys[k] - 1);
+      oc -= st[2][k] * (ys[k] - 1);
       idx[k] = 0;
     }
   }

@@ -24,6 +24,12 @@ template <class F> void map2(DType t, const void* a, const void* b, void* y, std
 // y = f(a, b) with numpy broadcasting of a (shape as) and b (bs) to ys.
 template <class F>
 void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, void* y, const Shape& ys, F f);
+// y[i] = f(a[i], b[i], c[i]), same shapes.
+template <class F> void map3(DType t, const void* a, const void* b, const void* c, void* y, std::int64_t n, F f);
+// y = f(a, b, c) with numpy broadcasting of a (as), b (bs) and c (cs) to ys.
+template <class F>
+void broadcast3(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, const void* c, const Shape& cs,
+                void* y, const Shape& ys, F f);
 // y = x converted between any of f32, f64, f16, bf16.
 void cast(DType from, DType to, const void* x, void* y, std::int64_t n);
 // Adds to *counter (on the current device) the elements finite in x (dtype

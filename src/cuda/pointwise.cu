@@ -1,7 +1,7 @@
 // CUDA kernels of the elementwise ops: one grid-stride kernel per shape of
-// access (same-shape unary and binary, broadcasting binary), applying the
-// AD_HD functors of ops/pointwise.hpp that the CPU kernels apply too; casts,
-// accumulation, and dropout (ops/random_math.hpp).
+// access (same-shape unary, binary and ternary; broadcasting binary and
+// ternary), applying the AD_HD functors of ops/pointwise.hpp that the CPU
+// kernels apply too; casts, accumulation, and dropout (ops/random_math.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -30,6 +30,12 @@ template <class T, class F> __global__ void map2_kernel(const T* a, const T* b, 
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     y[i] = f(a[i], b[i]);
 }
+template <class T, class F>
+__global__ void map3_kernel(const T* a, const T* b, const T* c, T* y, std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    y[i] = f(a[i], b[i], c[i]);
+}
 struct Bcast {
   int rank;
   std::int64_t dims[kMaxRank], sa[kMaxRank], sb[kMaxRank];  // output dims, element strides (0: broadcast)
@@ -45,6 +51,25 @@ template <class T, class F> __global__ void bcast2_kernel(const T* a, const T* b
       ib += c * s.sb[d];
     }
     y[i] = f(a[ia], b[ib]);
+  }
+}
+struct Bcast3 {
+  int rank;
+  std::int64_t dims[kMaxRank], sa[kMaxRank], sb[kMaxRank], sc[kMaxRank];  // as Bcast, for three inputs
+};
+template <class T, class F>
+__global__ void bcast3_kernel(const T* a, const T* b, const T* c, T* y, std::int64_t n, Bcast3 s, F f) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t rem = i, ia = 0, ib = 0, ic = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      std::int64_t k = rem % s.dims[d];
+      rem /= s.dims[d];
+      ia += k * s.sa[d];
+      ib += k * s.sb[d];
+      ic += k * s.sc[d];
+    }
+    y[i] = f(a[ia], b[ib], c[ic]);
   }
 }
 // element strides of `in` broadcast to `out` (numpy rules, right-aligned)
@@ -139,13 +164,49 @@ void broadcast2(DType t, const void* a, const Shape& as, const void* b, const Sh
   check_launch("broadcast2");
 }
 
+template <class F> void map3(DType t, const void* a, const void* b, const void* c, void* y, std::int64_t n, F f) {
+  if (n == 0) return;
+  if (t == DType::f32)
+    map3_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(a), static_cast<const float*>(b),
+                                             static_cast<const float*>(c), static_cast<float*>(y), n, f);
+  else
+    map3_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(a), static_cast<const double*>(b),
+                                             static_cast<const double*>(c), static_cast<double*>(y), n, f);
+  check_launch("map3");
+}
+template <class F>
+void broadcast3(DType t, const void* a, const Shape& as, const void* b, const Shape& bs, const void* c, const Shape& cs,
+                void* y, const Shape& ys, F f) {
+  std::int64_t n = ys.numel();
+  if (n == 0) return;
+  if (as == ys && bs == ys && cs == ys) return map3(t, a, b, c, y, n, f);
+  Bcast3 s{};
+  s.rank = ys.rank();
+  for (int d = 0; d < s.rank; ++d) s.dims[d] = ys[d];
+  strides_for(as, ys, s.sa);
+  strides_for(bs, ys, s.sb);
+  strides_for(cs, ys, s.sc);
+  if (t == DType::f32)
+    bcast3_kernel<<<blocks_for(n), kThreads>>>(static_cast<const float*>(a), static_cast<const float*>(b),
+                                               static_cast<const float*>(c), static_cast<float*>(y), n, s, f);
+  else
+    bcast3_kernel<<<blocks_for(n), kThreads>>>(static_cast<const double*>(a), static_cast<const double*>(b),
+                                               static_cast<const double*>(c), static_cast<double*>(y), n, s, f);
+  check_launch("broadcast3");
+}
+
 #define AD_INSTANTIATE_UNARY(F) template void map1<pw::F>(DType, const void*, void*, std::int64_t, pw::F);
 #define AD_INSTANTIATE_BINARY(F)                                                                    \
   template void map2<pw::F>(DType, const void*, const void*, void*, std::int64_t, pw::F);          \
   template void broadcast2<pw::F>(DType, const void*, const Shape&, const void*, const Shape&, void*, \
                                   const Shape&, pw::F);
 AD_PW_UNARY_LIST(AD_INSTANTIATE_UNARY)
+#define AD_INSTANTIATE_TERNARY(F)                                                                   \
+  template void map3<pw::F>(DType, const void*, const void*, const void*, void*, std::int64_t, pw::F); \
+  template void broadcast3<pw::F>(DType, const void*, const Shape&, const void*, const Shape&, const void*, \
+                                  const Shape&, void*, const Shape&, pw::F);
 AD_PW_BINARY_LIST(AD_INSTANTIATE_BINARY)
+AD_PW_TERNARY_LIST(AD_INSTANTIATE_TERNARY)
 
 namespace {
 __global__ void count_cast_overflows_kernel(DType from, const void* x, DType to, const void* y, std::int64_t n,

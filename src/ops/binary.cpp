@@ -1,5 +1,6 @@
-// Elementwise binary ops with numpy broadcasting. Gradients are summed back
-// to each input's shape with sum_to.
+// Elementwise binary ops (arithmetic, extrema, comparisons) and the
+// three-operand select `where`, with numpy broadcasting. Gradients are
+// summed back to each input's shape with sum_to.
 #include <cmath>
 
 #include "core/graph_impl.hpp"
@@ -123,5 +124,108 @@ AD_CUDA_ONLY(void maximum_backward_cuda(const KernelArgs& k) { binary_cuda(k, pw
 const OpDef op_def_maximum_backward{.name = "maximum_backward", .args = "a,b", .arity = 2, .infer = infer_broadcast,
                                  .cpu = maximum_backward_cpu, .cuda = AD_CUDA_FN(maximum_backward_cuda),
                                  .no_grad = "double backward is not supported", .overwrites = 0b11};
+
+// ---- greater, greater_equal, less, less_equal, equal, not_equal ----
+// 1 where a op b holds, else 0, in the operands' dtype (IEEE: a NaN compares
+// false, except for not_equal; -0 == 0). Piecewise constant: the gradient is
+// zero wherever it is defined, so the rule gives none and backward() does not
+// reach a Parameter through them (zero_grad_inputs); saves nothing.
+void compare_bwd(BackwardArgs&) {}  // zero gradient for a and b
+void greater_cpu(const KernelArgs& k) { binary(k, "greater", pw::Greater{}); }
+AD_CUDA_ONLY(void greater_cuda(const KernelArgs& k) { binary_cuda(k, pw::Greater{}); })
+const OpDef op_def_greater{.name = "greater", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = greater_cpu,
+                           .cuda = AD_CUDA_FN(greater_cuda), .backward = compare_bwd, .overwrites = 0b11,
+                           .zero_grad_inputs = 0b11};
+Var greater(const Operand& a, const Operand& b) { return make_node(OpId::greater, {a, b}); }
+
+void greater_equal_cpu(const KernelArgs& k) { binary(k, "greater_equal", pw::GreaterEqual{}); }
+AD_CUDA_ONLY(void greater_equal_cuda(const KernelArgs& k) { binary_cuda(k, pw::GreaterEqual{}); })
+const OpDef op_def_greater_equal{.name = "greater_equal", .args = "a,b", .arity = 2, .infer = infer_broadcast,
+                                 .cpu = greater_equal_cpu, .cuda = AD_CUDA_FN(greater_equal_cuda),
+                                 .backward = compare_bwd, .overwrites = 0b11, .zero_grad_inputs = 0b11};
+Var greater_equal(const Operand& a, const Operand& b) { return make_node(OpId::greater_equal, {a, b}); }
+
+void less_cpu(const KernelArgs& k) { binary(k, "less", pw::Less{}); }
+AD_CUDA_ONLY(void less_cuda(const KernelArgs& k) { binary_cuda(k, pw::Less{}); })
+const OpDef op_def_less{.name = "less", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = less_cpu,
+                        .cuda = AD_CUDA_FN(less_cuda), .backward = compare_bwd, .overwrites = 0b11,
+                        .zero_grad_inputs = 0b11};
+Var less(const Operand& a, const Operand& b) { return make_node(OpId::less, {a, b}); }
+
+void less_equal_cpu(const KernelArgs& k) { binary(k, "less_equal", pw::LessEqual{}); }
+AD_CUDA_ONLY(void less_equal_cuda(const KernelArgs& k) { binary_cuda(k, pw::LessEqual{}); })
+const OpDef op_def_less_equal{.name = "less_equal", .args = "a,b", .arity = 2, .infer = infer_broadcast,
+                              .cpu = less_equal_cpu, .cuda = AD_CUDA_FN(less_equal_cuda), .backward = compare_bwd,
+                              .overwrites = 0b11, .zero_grad_inputs = 0b11};
+Var less_equal(const Operand& a, const Operand& b) { return make_node(OpId::less_equal, {a, b}); }
+
+void equal_cpu(const KernelArgs& k) { binary(k, "equal", pw::Equal{}); }
+AD_CUDA_ONLY(void equal_cuda(const KernelArgs& k) { binary_cuda(k, pw::Equal{}); })
+const OpDef op_def_equal{.name = "equal", .args = "a,b", .arity = 2, .infer = infer_broadcast, .cpu = equal_cpu,
+                         .cuda = AD_CUDA_FN(equal_cuda), .backward = compare_bwd, .overwrites = 0b11,
+                         .zero_grad_inputs = 0b11};
+Var equal(const Operand& a, const Operand& b) { return make_node(OpId::equal, {a, b}); }
+
+void not_equal_cpu(const KernelArgs& k) { binary(k, "not_equal", pw::NotEqual{}); }
+AD_CUDA_ONLY(void not_equal_cuda(const KernelArgs& k) { binary_cuda(k, pw::NotEqual{}); })
+const OpDef op_def_not_equal{.name = "not_equal", .args = "a,b", .arity = 2, .infer = infer_broadcast,
+                             .cpu = not_equal_cpu, .cuda = AD_CUDA_FN(not_equal_cuda), .backward = compare_bwd,
+                             .overwrites = 0b11, .zero_grad_inputs = 0b11};
+Var not_equal(const Operand& a, const Operand& b) { return make_node(OpId::not_equal, {a, b}); }
+
+// ---- where ----  cond != 0 (NaN included) ? a : b, cond, a and b broadcast
+// together: [3,1] , [2,3,4] , [4] -> [2,3,4]. A select, not a blend: the
+// operand not taken never reaches the output, nor its gradient.
+// d/da = sum_to(where(cond, dout, 0)), d/db = sum_to(where(cond, 0, dout)),
+// none for cond (piecewise constant in it); saves cond only.
+Meta infer_where(const InferArgs& a) {
+  check_float_same(a);
+  Meta m = a[0];
+  Shape ab;
+  if (!broadcast_shapes(a[1].shape, a[2].shape, ab) || !broadcast_shapes(a[0].shape, ab, m.shape))
+    fail_shapes(a, "shapes do not broadcast");
+  return m;
+}
+void where_cpu(const KernelArgs& k) {
+  kernels::dispatch_float(k.out.dtype(), "where", [&](auto t) {
+    using T = decltype(t);
+    kernels::broadcast3(k[0].data<T>(), k[0].shape(), k[1].data<T>(), k[1].shape(), k[2].data<T>(), k[2].shape(),
+                        k.out.data<T>(), k.out.shape(), pw::Where{});
+  });
+}
+AD_CUDA_ONLY(void where_cuda(const KernelArgs& k) {
+  cuda_k::broadcast3(k.out.dtype(), k[0].raw(), k[0].shape(), k[1].raw(), k[1].shape(), k[2].raw(), k[2].shape(),
+                     k.out.raw(), k.out.shape(), pw::Where{});
+})
+void where_bwd(BackwardArgs& a) {
+  const Var zero = full(a.dout, {}, 0.0, a.dout.dtype());  // rank 0: broadcasts
+  if (a.needs[1]) a.grad[1] = unbroadcast(where(a.in[0], a.dout, zero), a.in[1]);
+  if (a.needs[2]) a.grad[2] = unbroadcast(where(a.in[0], zero, a.dout), a.in[2]);
+}
+const OpDef op_def_where{.name = "where", .args = "cond,a,b", .arity = 3, .infer = infer_where, .cpu = where_cpu,
+                         .cuda = AD_CUDA_FN(where_cuda), .backward = where_bwd, .saves = saves_input(0),
+                         .overwrites = 0b111, .zero_grad_inputs = 0b001};
+Var where(const Operand& cond, const Operand& a, const Operand& b) { return make_node(OpId::where, {cond, a, b}); }
+namespace {
+// The scalar operand `value` of where(cond, x, value) / where(cond, value, x)
+// as a rank-0 constant of x's dtype, in the graph of x (or cond).
+Var where_scalar(const Operand& cond, const Operand& x, const char* x_name, double value) {
+  const Var& like = x.var().defined() ? x.var() : cond.var();
+  if (!like.defined())
+    throw Error(fmt::format("where: neither cond nor {} is a Var of a graph (each is a Parameter or undefined), so "
+                            "no graph is known for the scalar {}; place a Parameter in a graph with g.param(p)",
+                            x_name, value));
+  auto dtype_of = [](const Operand& o) {
+    return o.param() ? o.param()->value.dtype() : o.var().defined() ? o.var().dtype() : DType::f32;
+  };
+  // x's dtype; else cond's or f32, so that where's own check names x and its dtype
+  DType t = dtype_of(x);
+  if (!is_compute_float(t)) t = dtype_of(cond);
+  if (!is_compute_float(t)) t = DType::f32;
+  return full(like, {}, value, t);
+}
+}  // namespace
+Var where(const Operand& cond, const Operand& a, double b) { return where(cond, a, where_scalar(cond, a, "a", b)); }
+Var where(const Operand& cond, double a, const Operand& b) { return where(cond, where_scalar(cond, b, "b", a), b); }
 
 }  // namespace ad

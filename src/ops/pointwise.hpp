@@ -18,6 +18,10 @@ namespace ad::pw {
   struct Name {                                                   \
     template <class T> AD_HD T operator()(T a, T b) const { return expr; } \
   };
+#define AD_PW_TERNARY(Name, expr)                                      \
+  struct Name {                                                        \
+    template <class T> AD_HD T operator()(T c, T a, T b) const { return expr; } \
+  };
 #define AD_PW_SCALAR(Name, expr)                                  \
   struct Name {                                                   \
     double s;                                                     \
@@ -63,6 +67,18 @@ AD_PW_BINARY(Maximum, (a != a || b != b) ? a + b : (a > b ? a : b))
 AD_PW_BINARY(Minimum, (a != a || b != b) ? a + b : (a < b ? a : b))
 // the share of maximum(a, b)'s gradient that goes to a: 1, 1/2 on a tie, 0
 AD_PW_BINARY(MaximumBackward, (a != a || b != b) ? a + b : (a > b ? T(1) : (a == b ? T(0.5) : T(0))))
+// ---- comparisons: 1 or 0 in the operands' dtype; IEEE: a NaN compares
+//      false, except not_equal (true); -0 == 0 ----
+AD_PW_BINARY(Greater, a > b ? T(1) : T(0))
+AD_PW_BINARY(GreaterEqual, a >= b ? T(1) : T(0))
+AD_PW_BINARY(Less, a < b ? T(1) : T(0))
+AD_PW_BINARY(LessEqual, a <= b ? T(1) : T(0))
+AD_PW_BINARY(Equal, a == b ? T(1) : T(0))
+AD_PW_BINARY(NotEqual, a != b ? T(1) : T(0))
+// ---- select: a where c is nonzero (NaN included, as numpy's bool(nan)),
+//      else b; a select, not a blend, so the other operand's NaN or inf
+//      never reaches the result ----
+AD_PW_TERNARY(Where, c != T(0) ? a : b)
 // ---- clamp to [lo, hi] (NaN stays NaN), and its backward (saved x, dy) ----
 struct Clamp {
   double lo, hi;
@@ -79,12 +95,15 @@ struct ClampBackward {  // dy where lo <= x <= hi (the bounds included), else 0;
 
 #undef AD_PW_UNARY
 #undef AD_PW_BINARY
+#undef AD_PW_TERNARY
 #undef AD_PW_SCALAR
 
 // The functors the CUDA backend instantiates (X-macro lists).
 #define AD_PW_UNARY_LIST(X) X(Neg) X(Exp) X(Log) X(Sqrt) X(Abs) X(Sign) X(Tanh) X(Sigmoid) X(Relu) X(Gelu) X(Silu) \
   X(Sin) X(Cos) X(AddScalar) X(MulScalar) X(DivScalar) X(RsubScalar) X(RdivScalar) X(PowScalar) X(Clamp)
 #define AD_PW_BINARY_LIST(X) X(TanhBackward) X(SigmoidBackward) X(ReluBackward) X(GeluBackward) X(SiluBackward) \
-  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First) X(Maximum) X(Minimum) X(MaximumBackward) X(ClampBackward)
+  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(First) X(Maximum) X(Minimum) X(MaximumBackward) X(ClampBackward) \
+  X(Greater) X(GreaterEqual) X(Less) X(LessEqual) X(Equal) X(NotEqual)
+#define AD_PW_TERNARY_LIST(X) X(Where)
 
 }  // namespace ad::pw
