@@ -308,9 +308,13 @@ TEST_CASE("a small CNN under every policy: keep_all's gradients, measured peak w
     for (auto& p : ps) out.push_back(p.grad().clone());
     return std::make_pair(r, out);
   };
+  // save_matmuls keeps the products: conv2d's outputs as matmul's
+  CHECK(save_matmuls(NodeInfo{0, OpId::conv2d, 0, 0, false}));
+  CHECK_FALSE(save_matmuls(NodeInfo{0, OpId::max_pool2d, 0, 0, false}));
   auto [r0, g0] = run(policy::keep_all());
   CHECK(r0.measured_peak_bytes == r0.predicted_peak_bytes);
-  for (Policy pol : {policy::sqrt_n(), policy::uniform(2), policy::budget(r0.measured_peak_bytes * 3 / 4)}) {
+  for (Policy pol : {policy::sqrt_n(), policy::uniform(2), policy::budget(r0.measured_peak_bytes * 3 / 4),
+                     policy::selective(save_matmuls)}) {
     auto [r, gs] = run(pol);
     INFO(pol.name());
     CHECK(r.measured_peak_bytes <= r.predicted_peak_bytes);

@@ -539,7 +539,16 @@ TEST_CASE("edge: where(x > 0, x, 0) is relu, value and gradient, bit for bit") {
     Var gr = grad(sum(mul(r, g.input(w))), {x})[0], gm = grad(sum(mul(m, g.input(w))), {x})[0];
     CHECK(bitwise_equal(eval(m), eval(r)));
     CHECK(bitwise_equal(eval(gm), eval(gr)));
+    // the number and operator forms: x > 0.0 is greater(x, 0); x <= y is less_equal
+    CHECK(bitwise_equal(eval(where(x > 0.0, x, 0.0)), eval(r)));
+    Var y = g.input(randn64({5, 8}, rng).to(t));
+    CHECK(bitwise_equal(eval(x <= y), eval(less_equal(x, y))));
+    CHECK(bitwise_equal(eval(x < 0.5), eval(less(x, scalar_like(x, 0.5)))));
+    CHECK(bitwise_equal(eval(x >= y), eval(greater_equal(x, y))));
+    CHECK(bitwise_equal(eval(not_equal(x, 0.0)), eval(not_equal(x, scalar_like(x, 0)))));
   }
+  Graph g;
+  EXPECT_ERROR(greater(Parameter::zeros({3}), 1.0), "greater", "Parameter [3]", "no graph");
 }
 
 TEST_CASE("edge: where's errors name where and the three shapes") {

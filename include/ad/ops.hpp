@@ -38,6 +38,14 @@ Var less(const Operand& a, const Operand& b);
 Var less_equal(const Operand& a, const Operand& b);
 Var equal(const Operand& a, const Operand& b);
 Var not_equal(const Operand& a, const Operand& b);
+// The same against a number (a rank-0 constant of a's dtype): greater(x, 0.0).
+// a must be a Var (a Parameter alone knows no graph).
+Var greater(const Operand& a, double b);
+Var greater_equal(const Operand& a, double b);
+Var less(const Operand& a, double b);
+Var less_equal(const Operand& a, double b);
+Var equal(const Operand& a, double b);
+Var not_equal(const Operand& a, double b);
 // Elementwise select: a where cond is nonzero (NaN included, as numpy's
 // bool(nan)), else b. cond, a and b broadcast together (numpy rules: [3,1],
 // [2,3,4], [4] -> [2,3,4]) and share one float dtype (cond is typically a
@@ -207,5 +215,15 @@ inline Var operator*(const Var& a, double s) { return mul_scalar(a, s); }
 inline Var operator*(double s, const Var& a) { return mul_scalar(a, s); }
 inline Var operator/(const Var& a, double s) { return div_scalar(a, s); }
 inline Var operator/(double s, const Var& a) { return rdiv_scalar(a, s); }
+// x > y etc. are the comparisons (1 or 0 in x's dtype); == and != are not
+// overloaded (use equal / not_equal).
+inline Var operator>(const Var& a, const Var& b) { return greater(a, b); }
+inline Var operator>=(const Var& a, const Var& b) { return greater_equal(a, b); }
+inline Var operator<(const Var& a, const Var& b) { return less(a, b); }
+inline Var operator<=(const Var& a, const Var& b) { return less_equal(a, b); }
+inline Var operator>(const Var& a, double s) { return greater(a, s); }
+inline Var operator>=(const Var& a, double s) { return greater_equal(a, s); }
+inline Var operator<(const Var& a, double s) { return less(a, s); }
+inline Var operator<=(const Var& a, double s) { return less_equal(a, s); }
 
 }  // namespace ad

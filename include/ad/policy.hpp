@@ -104,7 +104,8 @@ Policy budget(std::int64_t bytes);
 Policy optimal_chain(std::int32_t slots);
 }  // namespace policy
 
-// A ready predicate for selective(): keep matmul outputs, recompute the rest.
+// A ready predicate for selective(): keep the outputs of the products,
+// matmul and conv2d (the costly ops to recompute); recompute the rest.
 bool save_matmuls(const NodeInfo& info);
 
 // Marks x's node as a checkpoint for policy::manual() (and returns x).

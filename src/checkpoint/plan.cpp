@@ -101,7 +101,7 @@ Policy optimal_chain(std::int32_t slots) {
 }
 }  // namespace policy
 
-bool save_matmuls(const NodeInfo& info) { return info.op == OpId::matmul; }
+bool save_matmuls(const NodeInfo& info) { return info.op == OpId::matmul || info.op == OpId::conv2d; }
 
 Var checkpoint(const Var& x) {
   if (!x.defined()) throw Error("checkpoint: undefined Var");

@@ -226,6 +226,24 @@ Var where_scalar(const Operand& cond, const Operand& x, const char* x_name, doub
 }
 }  // namespace
 Var where(const Operand& cond, const Operand& a, double b) { return where(cond, a, where_scalar(cond, a, "a", b)); }
+
+// a comparison with a number: the number as a rank-0 constant of a's dtype
+namespace {
+Var compare_scalar(const char* op, const Operand& a, double b) {
+  const Shape as = operand_shape(op, a);
+  if (!a.var().defined())
+    throw Error(fmt::format("{}: a is a Parameter {}, so no graph is known for the number {}; place it in a graph "
+                            "with g.param(p)",
+                            op, as.str(), b));
+  return full(a.var(), {}, b, a.var().dtype());
+}
+}  // namespace
+Var greater(const Operand& a, double b) { return greater(a, compare_scalar("greater", a, b)); }
+Var greater_equal(const Operand& a, double b) { return greater_equal(a, compare_scalar("greater_equal", a, b)); }
+Var less(const Operand& a, double b) { return less(a, compare_scalar("less", a, b)); }
+Var less_equal(const Operand& a, double b) { return less_equal(a, compare_scalar("less_equal", a, b)); }
+Var equal(const Operand& a, double b) { return equal(a, compare_scalar("equal", a, b)); }
+Var not_equal(const Operand& a, double b) { return not_equal(a, compare_scalar("not_equal", a, b)); }
 Var where(const Operand& cond, double a, const Operand& b) { return where(cond, where_scalar(cond, b, "b", a), b); }
 
 }  // namespace ad
