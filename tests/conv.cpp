@@ -488,6 +488,103 @@ TEST_CASE("conv2d and pooling with empty dims; conv1d with Parameters; huge opti
   EXPECT_ERROR(avg_pool2d(g.input(Tensor::zeros({1, 2, 5, 5}, DType::i64)), {}), "avg_pool2d", "f32 or f64");
 }
 
+TEST_CASE("conv_transpose2d scatters each input through the window (a loop reference); upsample_nearest2d") {
+  Rng rng(40);
+  struct T {
+    Shape x, w;
+    std::array<std::int64_t, 2> s, p, d, op;
+    std::int64_t g;
+  };
+  const T ts[] = {{{2, 3, 4, 5}, {3, 2, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, 1},   // doubles the size (U-Net)
+                  {{1, 4, 3, 3}, {4, 3, 2, 3}, {1, 2}, {0, 1}, {2, 1}, {0, 1}, 2},   // groups, dilation
+                  {{2, 2, 5, 4}, {2, 5, 3, 2}, {3, 1}, {2, 0}, {1, 1}, {2, 0}, 1},   // stride 3, output_padding 2
+                  {{1, 6, 2, 2}, {6, 1, 4, 4}, {2, 2}, {1, 1}, {1, 1}, {0, 0}, 6}};  // depthwise
+  for (const T& t : ts) {
+    INFO(t.x.str(), " w ", t.w.str());
+    Conv2dOptions o;
+    o.stride = t.s, o.padding = t.p, o.dilation = t.d, o.groups = t.g;
+    Tensor x = randn64(t.x, rng), w = randn64(t.w, rng);
+    const std::int64_t N = t.x[0], Ci = t.x[1], H = t.x[2], W = t.x[3], Cg = t.w[1], KH = t.w[2], KW = t.w[3];
+    const std::int64_t Co = Cg * t.g, per = Ci / t.g;
+    const std::int64_t HO = (H - 1) * t.s[0] - 2 * t.p[0] + t.d[0] * (KH - 1) + 1 + t.op[0];
+    const std::int64_t WO = (W - 1) * t.s[1] - 2 * t.p[1] + t.d[1] * (KW - 1) + 1 + t.op[1];
+    Tensor want = Tensor::zeros({N, Co, HO, WO}, DType::f64);
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t ci = 0; ci < Ci; ++ci)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t ww = 0; ww < W; ++ww)
+            for (std::int64_t c = 0; c < Cg; ++c)
+              for (std::int64_t i = 0; i < KH; ++i)
+                for (std::int64_t j = 0; j < KW; ++j) {
+                  const std::int64_t yy = h * t.s[0] - t.p[0] + i * t.d[0], xx = ww * t.s[1] - t.p[1] + j * t.d[1];
+                  if (yy < 0 || yy >= HO || xx < 0 || xx >= WO) continue;
+                  want.data<double>()[((n * Co + (ci / per) * Cg + c) * HO + yy) * WO + xx] +=
+                      w.data<double>()[((ci * Cg + c) * KH + i) * KW + j] *
+                      x.data<double>()[((n * Ci + ci) * H + h) * W + ww];
+                }
+    Graph g;
+    Var y = conv_transpose2d(g.input(x), g.input(w), o, t.op);
+    REQUIRE(y.shape() == Shape{N, Co, HO, WO});
+    CHECK(max_abs_diff(eval(y), want) <= 1e-12 * (1 + max_abs(want)));
+    GradCase gc{OpId::conv2d_backward_input, "conv_transpose2d", {x, w},
+                [o, t](const std::vector<Var>& v) { return conv_transpose2d(v[0], v[1], o, t.op); }};
+    GradcheckResult r = gradcheck(gc, 41);
+    CHECK_MESSAGE(r.ok(), r.str());
+  }
+  // a stride-2 conv and its transpose with output_padding 1 give back an odd size
+  {
+    Graph g;
+    Conv2dOptions o;
+    o.stride = {2, 2}, o.padding = {1, 1};
+    Var x = g.input(Tensor::zeros({1, 2, 7, 7}));
+    Var down = conv2d(x, g.input(Tensor::zeros({4, 2, 3, 3})), o);
+    CHECK(down.shape() == Shape{1, 4, 4, 4});
+    CHECK(conv_transpose2d(down, g.input(Tensor::zeros({4, 2, 3, 3})), o).shape() == Shape{1, 2, 7, 7});
+    CHECK(conv_transpose2d(down, g.input(Tensor::zeros({4, 2, 3, 3})), o, {1, 1}).shape() == Shape{1, 2, 8, 8});
+    EXPECT_ERROR(conv_transpose2d(down, g.input(Tensor::zeros({4, 2, 3, 3})), o, {2, 0}), "conv_transpose2d",
+                 "output_padding (2, 0) must be >= 0 and below the stride");
+    EXPECT_ERROR(conv_transpose2d(down, g.input(Tensor::zeros({3, 2, 3, 3})), o), "conv_transpose2d",
+                 "x has 4 channels but w expects 3");
+    Conv2dOptions big;
+    big.padding = {5, 0};
+    EXPECT_ERROR(conv_transpose2d(down, g.input(Tensor::zeros({4, 2, 3, 3})), big), "conv_transpose2d",
+                 "the output would have height -4");
+    nn::Conv2dLayerOptions lo;
+    lo.conv = o;
+    Rng r2(3);
+    nn::ConvTranspose2d up(4, 2, {3, 3}, r2, lo, {1, 1});
+    CHECK(up.weight.value().shape() == Shape{4, 2, 3, 3});
+    CHECK(up(down).shape() == Shape{1, 2, 8, 8});
+  }
+  // upsample_nearest2d: each value repeated over a block; its gradient the block's sum
+  Graph g;
+  Tensor x = randn64({2, 3, 2, 3}, rng);
+  Var xv = g.input(x);
+  Var y = upsample_nearest2d(xv, {2, 3});
+  REQUIRE(y.shape() == Shape{2, 3, 4, 9});
+  Tensor yv = eval(y);
+  bool same = true;
+  for (std::int64_t p = 0; p < 6; ++p)
+    for (std::int64_t i = 0; i < 4; ++i)
+      for (std::int64_t j = 0; j < 9; ++j)
+        same &= yv.data<double>()[(p * 4 + i) * 9 + j] == x.data<double>()[(p * 2 + i / 2) * 3 + j / 3];
+  CHECK(same);
+  Tensor r = randn64({2, 3, 4, 9}, rng);
+  Tensor dx = eval(grad(sum(mul(y, g.input(r))), {xv})[0]);
+  double worst = 0;
+  for (std::int64_t p = 0; p < 6; ++p)
+    for (std::int64_t i = 0; i < 2; ++i)
+      for (std::int64_t j = 0; j < 3; ++j) {
+        double s = 0;
+        for (std::int64_t a = 0; a < 2; ++a)
+          for (std::int64_t b = 0; b < 3; ++b) s += r.data<double>()[(p * 4 + i * 2 + a) * 9 + j * 3 + b];
+        worst = std::max(worst, std::abs(s - dx.data<double>()[(p * 2 + i) * 3 + j]));
+      }
+  CHECK(worst <= 1e-13);
+  EXPECT_ERROR(upsample_nearest2d(xv, {0, 2}), "upsample_nearest2d", "factors must be >= 1");
+  EXPECT_ERROR(upsample_nearest2d(g.input(Tensor::zeros({3, 4})), {2, 2}), "upsample_nearest2d", "rank 4");
+}
+
 void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
   for (const ConvCase& c : conv_cases()) {
     if (c.x.numel() > 200) continue;  // the largest are left to the reference test

@@ -38,6 +38,24 @@ struct Conv2dOptions {
 // range (stride, dilation, groups >= 1, padding >= 0, each below 2^31).
 Var conv2d(const Operand& x, const Operand& w, const Conv2dOptions& options = {});
 
+// The transposed convolution (a "deconvolution"): conv2d's gradient with
+// respect to its input, as a layer. x [N, Cin, H, W], w [Cin, Cout/G, KH, KW]
+// (PyTorch's ConvTranspose2d layout) -> [N, Cout, HO, WO] with
+//   HO = (H - 1) sh - 2 ph + dh (KH - 1) + 1 + output_padding[0], likewise WO;
+// each x element scatters w's window into the output, stride apart (stride 2
+// doubles the size: the upsampling path of a U-Net). output_padding (each
+// below the stride, or the dilation) picks among the sizes that stride
+// rounds together. The node is conv2d_backward_input, so its kernels and
+// gradients are conv2d's. Throws ad::Error naming conv_transpose2d for bad
+// options or output_padding, and conv2d_backward_input's errors for shapes.
+Var conv_transpose2d(const Operand& x, const Operand& w, const Conv2dOptions& options = {},
+                     std::array<std::int64_t, 2> output_padding = {0, 0});
+
+// Nearest-neighbour upsampling by whole factors: y[n,c,i,j] =
+// x[n,c,i/fh,j/fw]. x [N, C, H, W] -> [N, C, H fh, W fw]. A reshape and a
+// broadcast (no kernel of its own); the gradient sums each block.
+Var upsample_nearest2d(const Operand& x, std::array<std::int64_t, 2> factor);
+
 struct Conv1dOptions {
   std::int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
 };

@@ -92,6 +92,32 @@ void Conv2d::visit(Visitor& v) const {
   v.parameter("weight", weight);
   v.parameter("bias", bias);
 }
+ConvTranspose2d::ConvTranspose2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng,
+                                 Conv2dLayerOptions o, std::array<std::int64_t, 2> op)
+    : in_channels(in), out_channels(out), conv(o.conv), output_padding(op) {
+  check_positive("ConvTranspose2d", "in_channels", in);
+  check_positive("ConvTranspose2d", "out_channels", out);
+  check_positive("ConvTranspose2d", "kernel height", kernel[0]);
+  check_positive("ConvTranspose2d", "kernel width", kernel[1]);
+  check_positive("ConvTranspose2d", "groups", o.conv.groups);
+  check_dtype("ConvTranspose2d", o.dtype);
+  if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
+    throw Error(fmt::format("ConvTranspose2d: groups ({}) must divide in_channels ({}) and out_channels ({})",
+                            o.conv.groups, in, out));
+  const std::int64_t fan = out / o.conv.groups * kernel[0] * kernel[1];
+  const double k = 1.0 / std::sqrt(static_cast<double>(fan));
+  weight = Parameter(Tensor::uniform({in, out / o.conv.groups, kernel[0], kernel[1]}, rng, o.dtype, -k, k), "weight");
+  if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+}
+Var ConvTranspose2d::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("ConvTranspose2d: use of a default-constructed layer");
+  Var y = conv_transpose2d(x, weight, conv, output_padding);
+  return bias.defined() ? add(y, reshape(operand_var(bias, y), Shape{out_channels, 1, 1})) : y;
+}
+void ConvTranspose2d::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
+}
 void Linear::visit(Visitor& v) const {
   v.parameter("weight", weight);
   v.parameter("bias", bias);

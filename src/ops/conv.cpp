@@ -462,6 +462,54 @@ Var conv2d(const Operand& x, const Operand& w, const Conv2dOptions& o) {
   return make_node(OpId::conv2d, {x, w}, at);
 }
 
+Var conv_transpose2d(const Operand& x, const Operand& w, const Conv2dOptions& o,
+                     std::array<std::int64_t, 2> output_padding) {
+  const Shape xs = operand_shape("conv_transpose2d", x), ws = operand_shape("conv_transpose2d", w);
+  auto shapes = [&] { return fmt::format("x {} w {}", xs.str(), ws.str()); };
+  if (xs.rank() != 4 || ws.rank() != 4)
+    throw Error(fmt::format("conv_transpose2d: x must be rank 4 [N, Cin, H, W] and w rank 4 [Cin, Cout/groups, KH, KW]: "
+                            "{}",
+                            shapes()));
+  if (o.groups < 1 || ws[0] % o.groups != 0)
+    throw Error(fmt::format("conv_transpose2d: groups ({}) must be >= 1 and divide w's dim 0: {}", o.groups, shapes()));
+  if (xs[1] != ws[0])
+    throw Error(fmt::format("conv_transpose2d: x has {} channels but w expects {} (its dim 0): {}", xs[1], ws[0],
+                            shapes()));
+  Attrs at;
+  Shape out{xs[0], ws[1] * o.groups, 0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::int64_t s = o.stride[i], p = o.padding[i], d = o.dilation[i], op = output_padding[i];
+    if (s < 1 || d < 1 || p < 0 || s >= (std::int64_t{1} << 31) || d >= (std::int64_t{1} << 31) ||
+        p >= (std::int64_t{1} << 31))
+      throw Error(fmt::format("conv_transpose2d: stride and dilation must be >= 1 and padding >= 0 (each below 2^31), "
+                              "got stride ({}, {}), padding ({}, {}), dilation ({}, {})",
+                              o.stride[0], o.stride[1], o.padding[0], o.padding[1], o.dilation[0], o.dilation[1]));
+    if (op < 0 || (op >= s && op >= d))
+      throw Error(fmt::format("conv_transpose2d: output_padding ({}, {}) must be >= 0 and below the stride or the "
+                              "dilation: {}",
+                              output_padding[0], output_padding[1], shapes()));
+    const std::int64_t n = (xs[2 + static_cast<int>(i)] - 1) * s - 2 * p + d * (ws[2 + static_cast<int>(i)] - 1) + 1 + op;
+    if (n < 1)
+      throw Error(fmt::format("conv_transpose2d: the output would have {} {} (the padding removes more than the "
+                              "stride and the window give): {}",
+                              i == 0 ? "height" : "width", n, shapes()));
+    out[2 + static_cast<int>(i)] = n;
+    at.stride[i] = s, at.pad[i] = p, at.dilation[i] = d;
+  }
+  at.groups = o.groups;
+  at.shape = out;
+  return make_node(OpId::conv2d_backward_input, {x, w}, at);
+}
+
+Var upsample_nearest2d(const Operand& x, std::array<std::int64_t, 2> f) {
+  const Shape xs = operand_shape("upsample_nearest2d", x);
+  if (xs.rank() != 4) throw Error(fmt::format("upsample_nearest2d: x must be rank 4 [N, C, H, W], got {}", xs.str()));
+  if (f[0] < 1 || f[1] < 1)
+    throw Error(fmt::format("upsample_nearest2d: factors must be >= 1, got ({}, {})", f[0], f[1]));
+  Var y = broadcast_to(reshape(x, {xs[0], xs[1], xs[2], 1, xs[3], 1}), {xs[0], xs[1], xs[2], f[0], xs[3], f[1]});
+  return reshape(y, {xs[0], xs[1], xs[2] * f[0], xs[3] * f[1]});
+}
+
 Var conv1d(const Operand& x, const Operand& w, const Conv1dOptions& o) {
   const Shape xs = operand_shape("conv1d", x), ws = operand_shape("conv1d", w);
   if (xs.rank() != 3 || ws.rank() != 3)

@@ -1,5 +1,5 @@
 #pragma once
-// Basic layers: Linear, Conv2d, Embedding, LayerNorm, GroupNorm, RMSNorm, Dropout, MLP.
+// Basic layers: Linear, Conv2d, ConvTranspose2d, Embedding, LayerNorm, GroupNorm, RMSNorm, Dropout, MLP.
 // Each builds its output from ad ops (so autodiff and rematerialisation see
 // ordinary nodes) and initialises its parameters from an ad::Rng; the same
 // seed gives the same parameters, bit for bit. Parameter dtype: f32 or f64.
@@ -63,6 +63,24 @@ class Conv2d : public Module {
 
   std::int64_t in_channels = 0, out_channels = 0;
   Conv2dOptions conv;
+  Parameter weight, bias;  // bias undefined without options.bias
+};
+
+// y = conv_transpose2d(x, W) + b (include/ad/conv.hpp): "weight" [in,
+// out/groups, kh, kw] and "bias" [out] (PyTorch's ConvTranspose2d layout and
+// init bounds, k = 1/sqrt(out/groups * kh * kw)). x [N, in, H, W] ->
+// [N, out, (H - 1) s - 2 p + d (kh - 1) + 1 + output_padding, ...].
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d() = default;
+  ConvTranspose2d(std::int64_t in_channels, std::int64_t out_channels, std::array<std::int64_t, 2> kernel, Rng& rng,
+                  Conv2dLayerOptions options = {}, std::array<std::int64_t, 2> output_padding = {0, 0});
+  Var operator()(const Var& x) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t in_channels = 0, out_channels = 0;
+  Conv2dOptions conv;
+  std::array<std::int64_t, 2> output_padding{0, 0};
   Parameter weight, bias;  // bias undefined without options.bias
 };
 
