@@ -350,6 +350,9 @@ TEST_CASE("nn::Conv2d: PyTorch's layout and init bounds, bias over every positio
   }
   EXPECT_ERROR(nn::Conv2d(4, 5, {3, 3}, rng, lo), "Conv2d", "groups (2) must divide", "(5)");
   EXPECT_ERROR(nn::Conv2d(4, 6, {0, 3}, rng), "Conv2d", "kernel height");
+  nn::Conv2dLayerOptions bad_stride;
+  bad_stride.conv.stride = {0, 1};
+  EXPECT_ERROR(nn::Conv2d(4, 6, {3, 3}, rng, bad_stride), "Conv2d", "stride and dilation must be >= 1", "(0, 1)");
 
   // a bright 3x3 blob in one of the four quadrants of a noisy 8x8 image: which one?
   const std::int64_t B = 32;
@@ -430,6 +433,7 @@ TEST_CASE("group_norm: each (image, group) normalised over its channels and posi
   EXPECT_ERROR(group_norm(xv, 2, Parameter::zeros({5}), gn.bias), "group_norm", "gamma and beta must be [C] = [6]");
   EXPECT_ERROR(group_norm(g.input(Tensor::zeros({6})), 2, gn.weight, gn.bias), "group_norm", "rank >= 2");
   EXPECT_ERROR(nn::GroupNorm(4, 6), "GroupNorm", "groups (4) must divide channels (6)");
+  EXPECT_ERROR(nn::GroupNorm(2, 8)(xv), "GroupNorm", "x [2,6,3,4] has 6 channels (dim 1), the layer 8");
 }
 
 TEST_CASE("conv2d and pooling with empty dims; conv1d with Parameters; huge options are errors") {
@@ -583,6 +587,45 @@ TEST_CASE("conv_transpose2d scatters each input through the window (a loop refer
   CHECK(worst <= 1e-13);
   EXPECT_ERROR(upsample_nearest2d(xv, {0, 2}), "upsample_nearest2d", "factors must be >= 1");
   EXPECT_ERROR(upsample_nearest2d(g.input(Tensor::zeros({3, 4})), {2, 2}), "upsample_nearest2d", "rank 4");
+}
+
+// A user's trial: on a depthwise-separable net, budget(b) refused a b that
+// sqrt_n() met (sqrt_n's window was not on budget's ladder of windows).
+TEST_CASE("budget at sqrt_n's peak plans, on a depthwise-separable CNN") {
+  for (std::int64_t B : {1, 4, 8}) {
+    INFO("batch ", B);
+    Rng rng(101);
+    std::vector<nn::Conv2d> convs;
+    std::vector<nn::GroupNorm> norms;
+    auto opts = [](std::int64_t pad, std::int64_t stride, std::int64_t groups) {
+      nn::Conv2dLayerOptions o;
+      o.conv.padding = {pad, pad}, o.conv.stride = {stride, stride}, o.conv.groups = groups;
+      return o;
+    };
+    convs.emplace_back(3, 32, std::array<std::int64_t, 2>{3, 3}, rng, opts(1, 1, 1));
+    for (int i = 0; i < 3; ++i) {
+      convs.emplace_back(32, 32, std::array<std::int64_t, 2>{3, 3}, rng, opts(1, i == 1 ? 2 : 1, 32));
+      convs.emplace_back(32, 32, std::array<std::int64_t, 2>{1, 1}, rng, opts(0, 1, 1));
+    }
+    for (int i = 0; i < 7; ++i) norms.emplace_back(8, 32);
+    nn::Linear head(32, 4, rng);
+    Tensor x = Tensor::randn({B, 3, 20, 20}, rng), y = Tensor::randint({B}, rng, 4);
+    auto step = [&](const Policy& pol) {
+      Graph g;
+      Var h = g.input(x);
+      for (std::size_t i = 0; i < convs.size(); ++i) {
+        Var c = silu(norms[i](convs[i](h)));
+        h = i > 0 && i % 2 == 0 && c.shape() == h.shape() ? h + c : c;
+      }
+      Pool2dOptions all;
+      all.kernel = {h.dim(2), h.dim(3)};
+      h = avg_pool2d(h, all);
+      return backward(cross_entropy(head(reshape(h, {B, 32})), g.input(y)), pol);
+    };
+    const std::int64_t peak = step(policy::sqrt_n()).measured_peak_bytes;
+    Report r = step(policy::budget(peak));
+    CHECK(r.measured_peak_bytes <= peak);
+  }
 }
 
 void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {

@@ -546,6 +546,8 @@ TEST_CASE("edge: where(x > 0, x, 0) is relu, value and gradient, bit for bit") {
     CHECK(bitwise_equal(eval(x < 0.5), eval(less(x, scalar_like(x, 0.5)))));
     CHECK(bitwise_equal(eval(x >= y), eval(greater_equal(x, y))));
     CHECK(bitwise_equal(eval(not_equal(x, 0.0)), eval(not_equal(x, scalar_like(x, 0)))));
+    CHECK(bitwise_equal(eval(0.5 > x), eval(x < 0.5)));  // a number on the left
+    CHECK(bitwise_equal(eval(0.5 <= x), eval(greater_equal(x, 0.5))));
   }
   Graph g;
   EXPECT_ERROR(greater(Parameter::zeros({3}), 1.0), "greater", "Parameter [3]", "no graph");

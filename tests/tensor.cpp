@@ -472,4 +472,17 @@ TEST_CASE("tensor: full and fill of an i64 tensor refuse values that are not int
     CHECK_THROWS_WITH_AS(Tensor::full({2}, bad, DType::i64), doctest::Contains("does not convert to i64"), Error);
   CHECK(Tensor::full({1}, -9223372036854775808.0, DType::i64).at({0}) == -9223372036854775808.0);
 }
+TEST_CASE("tensor: rows is a bounds-checked view of a range of dim 0") {
+  Tensor t = Tensor::from(std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {4, 3});
+  Tensor r = t.rows(1, 2);
+  CHECK(r.shape() == Shape{2, 3});
+  CHECK(r.to_vector() == std::vector<double>{3, 4, 5, 6, 7, 8});
+  r.data<double>()[0] = 42;  // a view: the write shows in t
+  CHECK(t.data<double>()[3] == 42);
+  CHECK(t.rows(4, 0).shape() == Shape{0, 3});
+  CHECK_THROWS_WITH_AS(t.rows(3, 2), doctest::Contains("rows [3, 3 + 2) are outside the 4 rows of [4,3]"), Error);
+  CHECK_THROWS_AS(t.rows(-1, 1), Error);
+  CHECK_THROWS_WITH_AS(Tensor::full({}, 1.0).rows(0, 1), doctest::Contains("a scalar has no rows"), Error);
+}
+
 }  // namespace ad::test

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,18 +50,6 @@ Dataset make_shapes(std::int64_t n, ad::Rng& rng) {
       }
   }
   return d;
-}
-
-// Rows [b, b + n) of a dataset tensor.
-ad::Tensor rows(const ad::Tensor& t, std::int64_t b, std::int64_t n) {
-  ad::Shape s = t.shape();
-  const std::int64_t row = t.numel() / s[0];
-  s[0] = n;
-  ad::Tensor out = ad::Tensor::empty(s, t.dtype());
-  const std::size_t es = ad::dtype_size(t.dtype());
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + static_cast<std::size_t>(b * row) * es,
-              static_cast<std::size_t>(n * row) * es);
-  return out;
 }
 
 struct Net : ad::nn::Module {
@@ -145,7 +132,7 @@ int main(int argc, char** argv) {
       for (std::int64_t b = 0; b + batch <= n; b += batch) {
         const auto t0 = std::chrono::steady_clock::now();
         ad::Graph g;
-        ad::Var loss = ad::cross_entropy(net(g.input(rows(train.x, b, batch))), g.input(rows(train.y, b, batch)));
+        ad::Var loss = ad::cross_entropy(net(g.input(train.x.rows(b, batch))), g.input(train.y.rows(b, batch)));
         opt.zero_grad();
         ad::Report r = ad::backward(loss, policy);
         opt.step();

@@ -45,7 +45,8 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
 Report backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
 
 // The plan backward() would run (gradient nodes are built, nothing is
-// computed): inspect it with explain(), or its predicted peak.
+// computed): inspect it with explain(), or its predicted peak
+// (plan.schedule.predicted_peak_bytes).
 Plan plan_backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
 
 // backward() that also computes the gradient of loss with respect to each

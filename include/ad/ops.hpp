@@ -225,5 +225,9 @@ inline Var operator>(const Var& a, double s) { return greater(a, s); }
 inline Var operator>=(const Var& a, double s) { return greater_equal(a, s); }
 inline Var operator<(const Var& a, double s) { return less(a, s); }
 inline Var operator<=(const Var& a, double s) { return less_equal(a, s); }
+inline Var operator>(double s, const Var& a) { return less(a, s); }
+inline Var operator>=(double s, const Var& a) { return less_equal(a, s); }
+inline Var operator<(double s, const Var& a) { return greater(a, s); }
+inline Var operator<=(double s, const Var& a) { return greater_equal(a, s); }
 
 }  // namespace ad

@@ -102,6 +102,10 @@ class Tensor {
   // A view of numel(shape) elements starting at element `offset` of this
   // tensor's flat order (how one buffer carries several outputs of an op).
   Tensor view(std::int64_t offset, const Shape& shape) const;
+  // Rows [begin, begin + count) along dim 0, as a view (a mini-batch of a
+  // dataset tensor, no copy). Throws ad::Error for rank 0 or a range outside
+  // [0, dim 0).
+  Tensor rows(std::int64_t begin, std::int64_t count) const;
   Tensor clone(std::shared_ptr<Allocator> alloc = nullptr) const;
   // Converted copy (f32/f64/f16/bf16/i64 in any direction), on the same device.
   Tensor to(DType dtype) const;

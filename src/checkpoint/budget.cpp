@@ -523,6 +523,16 @@ Schedule budget(const Problem& p, std::int64_t bytes, bool reuse, Pruning* pruni
     if (k < 2) continue;
     add_keep(boundary_keep(p, fs, k));
   }
+  // and sqrt_n()'s own keep set (its window, ceil(sqrt(n)) over every
+  // non-view forward value, is often not on the ladder): a budget that
+  // sqrt_n() fits then always plans
+  {
+    std::vector<std::int32_t> all_fs;
+    for (auto id : p.forward)
+      if (!op_def(p.g.node(id).op).view) all_fs.push_back(id);
+    const auto k = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(all_fs.size()))));
+    add_keep(boundary_keep(p, all_fs, std::max<std::int64_t>(1, k)));
+  }
   std::int64_t lb = p.lower_bound(), top = cands[0].peak;
   // A DTR run longer than this recomputes the graph many times over; the
   // ladder leaves such low levels to the second tier below (the bisection).

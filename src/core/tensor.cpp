@@ -222,6 +222,18 @@ Tensor Tensor::view(std::int64_t offset, const Shape& shape) const {
   t.offset_ = offset_ + static_cast<std::size_t>(offset) * dtype_size(dtype_);
   return t;
 }
+Tensor Tensor::rows(std::int64_t begin, std::int64_t count) const {
+  if (!defined()) throw Error("Tensor::rows: undefined tensor");
+  if (shape_.rank() == 0) throw Error("Tensor::rows: a scalar has no rows");
+  if (begin < 0 || count < 0 || begin > shape_[0] || count > shape_[0] - begin)
+    throw Error(fmt::format("Tensor::rows: rows [{}, {} + {}) are outside the {} rows of {}", begin, begin, count,
+                            shape_[0], shape_.str()));
+  std::int64_t row = 1;
+  for (int d = 1; d < shape_.rank(); ++d) row *= shape_[d];
+  Shape s = shape_;
+  s[0] = count;
+  return view(begin * row, s);
+}
 Tensor Tensor::clone(std::shared_ptr<Allocator> alloc) const {
   if (!defined()) return {};
   Tensor t = empty(shape_, dtype_, device(), std::move(alloc));

@@ -66,6 +66,16 @@ Var Linear::operator()(const Var& x) const {
   if (vec) y = reshape(y, Shape{out_features});
   return bias.defined() ? add(y, bias) : y;
 }
+namespace {
+void check_conv_options(const char* layer, const Conv2dOptions& c) {
+  for (std::size_t i = 0; i < 2; ++i)
+    if (c.stride[i] < 1 || c.dilation[i] < 1 || c.padding[i] < 0)
+      throw Error(fmt::format("{}: stride and dilation must be >= 1 and padding >= 0, got stride ({}, {}), padding "
+                              "({}, {}), dilation ({}, {})",
+                              layer, c.stride[0], c.stride[1], c.padding[0], c.padding[1], c.dilation[0],
+                              c.dilation[1]));
+}
+}  // namespace
 Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng, Conv2dLayerOptions o)
     : in_channels(in), out_channels(out), conv(o.conv) {
   check_positive("Conv2d", "in_channels", in);
@@ -73,6 +83,7 @@ Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> ke
   check_positive("Conv2d", "kernel height", kernel[0]);
   check_positive("Conv2d", "kernel width", kernel[1]);
   check_positive("Conv2d", "groups", o.conv.groups);
+  check_conv_options("Conv2d", o.conv);
   check_dtype("Conv2d", o.dtype);
   if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
     throw Error(fmt::format("Conv2d: groups ({}) must divide in_channels ({}) and out_channels ({})", o.conv.groups, in,
@@ -100,6 +111,7 @@ ConvTranspose2d::ConvTranspose2d(std::int64_t in, std::int64_t out, std::array<s
   check_positive("ConvTranspose2d", "kernel height", kernel[0]);
   check_positive("ConvTranspose2d", "kernel width", kernel[1]);
   check_positive("ConvTranspose2d", "groups", o.conv.groups);
+  check_conv_options("ConvTranspose2d", o.conv);
   check_dtype("ConvTranspose2d", o.dtype);
   if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
     throw Error(fmt::format("ConvTranspose2d: groups ({}) must divide in_channels ({}) and out_channels ({})",
@@ -166,6 +178,8 @@ GroupNorm::GroupNorm(std::int64_t g, std::int64_t c, double e, DType dtype) : gr
 }
 Var GroupNorm::operator()(const Var& x) const {
   if (!weight.defined()) throw Error("GroupNorm: use of a default-constructed layer");
+  if (x.defined() && x.rank() >= 2 && x.dim(1) != channels)
+    throw Error(fmt::format("GroupNorm: x {} has {} channels (dim 1), the layer {}", x.shape().str(), x.dim(1), channels));
   return group_norm(x, groups, weight, bias, eps);
 }
 void GroupNorm::visit(Visitor& v) const {
