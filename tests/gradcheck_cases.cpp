@@ -19,6 +19,17 @@ struct CaseList {
   }
 };
 
+// Values k + off + jitter (k an integer in [-3, 3), jitter in [0, 0.1)): two
+// grids at offsets 0.2 and 0.6 are never within 0.3 of each other, so no
+// comparison or max between them flips within a finite difference's eps.
+Tensor offset_grid(const Shape& s, double off, Rng& rng) {
+  Tensor k = uniform64(s, rng, -3, 3), j = uniform64(s, rng, 0, 0.1);
+  double* p = k.data<double>();
+  const double* q = j.data<double>();
+  for (std::int64_t i = 0; i < k.numel(); ++i) p[i] = std::floor(p[i]) + off + q[i];
+  return k;
+}
+
 enum class Domain { any, positive, away_from_zero, small };  // small: |x| in [1e-3, 4e-3]
 Tensor draw(Domain d, const Shape& s, Rng& rng) {
   switch (d) {
@@ -103,13 +114,7 @@ void elementwise(CaseList& c, Rng& rng) {
       {{1}, {5}},       {{2, 3, 4}, {2, 1, 4}}, {{3, 1, 5}, {1, 4, 1}}, {{}, {3, 2}}};
   // maximum / minimum: a on a grid of k + 0.2, b of k + 0.6 (k integer, small jitter): never within
   // 0.3 of each other, in either order, however they broadcast
-  auto grid = [&rng](const Shape& s, double off) {
-    Tensor k = uniform64(s, rng, -3, 3), j = uniform64(s, rng, 0, 0.1);
-    double* p = k.data<double>();
-    const double* q = j.data<double>();
-    for (std::int64_t i = 0; i < k.numel(); ++i) p[i] = std::floor(p[i]) + off + q[i];
-    return k;
-  };
+  auto grid = [&rng](const Shape& s, double off) { return offset_grid(s, off, rng); };
   for (const auto& [sa, sb] : {std::pair<Shape, Shape>{{3, 4}, {3, 4}}, {{2, 3, 4}, {3, 1}}, {{2, 1}, {1, 3}}, {{}, {3, 2}}}) {
     c.add(OpId::maximum, sa.str() + " , " + sb.str(), {grid(sa, 0.2), grid(sb, 0.6)},
           [](const std::vector<Var>& v) { return maximum(v[0], v[1]); });
@@ -340,13 +345,7 @@ void comparisons_and_where(CaseList& c) {
   Rng rng(20261128);
   // a grid of k + off (k integer in [-3, 3), jitter below 0.1): grids at offsets 0.2 and 0.6 are never within
   // 0.3 of each other, so no comparison flips within eps
-  auto grid = [&rng](const Shape& s, double off) {
-    Tensor k = uniform64(s, rng, -3, 3), j = uniform64(s, rng, 0, 0.1);
-    double* p = k.data<double>();
-    const double* q = j.data<double>();
-    for (std::int64_t i = 0; i < k.numel(); ++i) p[i] = std::floor(p[i]) + off + q[i];
-    return k;
-  };
+  auto grid = [&rng](const Shape& s, double off) { return offset_grid(s, off, rng); };
   struct Cmp { OpId op; Var (*fn)(const Operand&, const Operand&); };
   const Cmp cmps[] = {{OpId::greater, ad::greater}, {OpId::greater_equal, ad::greater_equal}, {OpId::less, ad::less},
                       {OpId::less_equal, ad::less_equal}, {OpId::equal, ad::equal}, {OpId::not_equal, ad::not_equal}};

@@ -75,23 +75,31 @@ void check_conv_options(const char* layer, const Conv2dOptions& c) {
                               layer, c.stride[0], c.stride[1], c.padding[0], c.padding[1], c.dilation[0],
                               c.dilation[1]));
 }
+// The checks and parameters both conv layers share: weight [in, out/g, kh,
+// kw] (transposed) or [out, in/g, kh, kw] ~ U(-k, k), k = 1/sqrt(fan_in),
+// fan_in = weight dim 1 * kh * kw (PyTorch's), and bias [out].
+void init_conv(const char* layer, std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng,
+               const Conv2dLayerOptions& o, bool transposed, Parameter& weight, Parameter& bias) {
+  check_positive(layer, "in_channels", in);
+  check_positive(layer, "out_channels", out);
+  check_positive(layer, "kernel height", kernel[0]);
+  check_positive(layer, "kernel width", kernel[1]);
+  check_positive(layer, "groups", o.conv.groups);
+  check_conv_options(layer, o.conv);
+  check_dtype(layer, o.dtype);
+  if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
+    throw Error(fmt::format("{}: groups ({}) must divide in_channels ({}) and out_channels ({})", layer, o.conv.groups,
+                            in, out));
+  const Shape ws = transposed ? Shape{in, out / o.conv.groups, kernel[0], kernel[1]}
+                              : Shape{out, in / o.conv.groups, kernel[0], kernel[1]};
+  const double k = 1.0 / std::sqrt(static_cast<double>(ws[1] * kernel[0] * kernel[1]));
+  weight = Parameter(Tensor::uniform(ws, rng, o.dtype, -k, k), "weight");
+  if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+}
 }  // namespace
 Conv2d::Conv2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng, Conv2dLayerOptions o)
     : in_channels(in), out_channels(out), conv(o.conv) {
-  check_positive("Conv2d", "in_channels", in);
-  check_positive("Conv2d", "out_channels", out);
-  check_positive("Conv2d", "kernel height", kernel[0]);
-  check_positive("Conv2d", "kernel width", kernel[1]);
-  check_positive("Conv2d", "groups", o.conv.groups);
-  check_conv_options("Conv2d", o.conv);
-  check_dtype("Conv2d", o.dtype);
-  if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
-    throw Error(fmt::format("Conv2d: groups ({}) must divide in_channels ({}) and out_channels ({})", o.conv.groups, in,
-                            out));
-  const std::int64_t fan_in = in / o.conv.groups * kernel[0] * kernel[1];
-  const double k = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  weight = Parameter(Tensor::uniform({out, in / o.conv.groups, kernel[0], kernel[1]}, rng, o.dtype, -k, k), "weight");
-  if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+  init_conv("Conv2d", in, out, kernel, rng, o, false, weight, bias);
 }
 Var Conv2d::operator()(const Var& x) const {
   if (!weight.defined()) throw Error("Conv2d: use of a default-constructed layer");
@@ -106,20 +114,7 @@ void Conv2d::visit(Visitor& v) const {
 ConvTranspose2d::ConvTranspose2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng,
                                  Conv2dLayerOptions o, std::array<std::int64_t, 2> op)
     : in_channels(in), out_channels(out), conv(o.conv), output_padding(op) {
-  check_positive("ConvTranspose2d", "in_channels", in);
-  check_positive("ConvTranspose2d", "out_channels", out);
-  check_positive("ConvTranspose2d", "kernel height", kernel[0]);
-  check_positive("ConvTranspose2d", "kernel width", kernel[1]);
-  check_positive("ConvTranspose2d", "groups", o.conv.groups);
-  check_conv_options("ConvTranspose2d", o.conv);
-  check_dtype("ConvTranspose2d", o.dtype);
-  if (in % o.conv.groups != 0 || out % o.conv.groups != 0)
-    throw Error(fmt::format("ConvTranspose2d: groups ({}) must divide in_channels ({}) and out_channels ({})",
-                            o.conv.groups, in, out));
-  const std::int64_t fan = out / o.conv.groups * kernel[0] * kernel[1];
-  const double k = 1.0 / std::sqrt(static_cast<double>(fan));
-  weight = Parameter(Tensor::uniform({in, out / o.conv.groups, kernel[0], kernel[1]}, rng, o.dtype, -k, k), "weight");
-  if (o.bias) bias = Parameter(Tensor::uniform({out}, rng, o.dtype, -k, k), "bias");
+  init_conv("ConvTranspose2d", in, out, kernel, rng, o, true, weight, bias);
 }
 Var ConvTranspose2d::operator()(const Var& x) const {
   if (!weight.defined()) throw Error("ConvTranspose2d: use of a default-constructed layer");
