@@ -628,6 +628,64 @@ TEST_CASE("budget at sqrt_n's peak plans, on a depthwise-separable CNN") {
   }
 }
 
+TEST_CASE("avg_pool2d without counting the padding; nn::Conv1d; Var op Parameter") {
+  Rng rng(42);
+  Tensor x = randn64({2, 3, 5, 4}, rng);
+  Graph g;
+  Var xv = g.input(x);
+  Pool2dOptions o;
+  o.kernel = {3, 2}, o.stride = {2, 1}, o.padding = {1, 1}, o.count_padding = false;
+  Tensor y = eval(avg_pool2d(xv, o));
+  REQUIRE(y.shape() == Shape{2, 3, 3, 5});
+  double worst = 0;
+  for (std::int64_t p = 0; p < 6; ++p)
+    for (std::int64_t oh = 0; oh < 3; ++oh)
+      for (std::int64_t ow = 0; ow < 5; ++ow) {
+        double s = 0;
+        int taps = 0;
+        for (std::int64_t i = 0; i < 3; ++i)
+          for (std::int64_t j = 0; j < 2; ++j) {
+            const std::int64_t yy = oh * 2 - 1 + i, xx = ow - 1 + j;
+            if (yy < 0 || yy >= 5 || xx < 0 || xx >= 4) continue;
+            s += x.data<double>()[(p * 5 + yy) * 4 + xx];
+            ++taps;
+          }
+        worst = std::max(worst, std::abs(s / taps - y.data<double>()[(p * 3 + oh) * 5 + ow]));
+      }
+  CHECK(worst <= 1e-14);
+  GradCase gc{OpId::conv2d, "avg_pool2d without padding counted", {x},
+              [o](const std::vector<Var>& v) { return avg_pool2d(v[0], o); }};
+  GradcheckResult r = gradcheck(gc, 43);
+  CHECK_MESSAGE(r.ok(), r.str());
+  Pool2dOptions bad = o;
+  bad.padding = {3, 0};
+  EXPECT_ERROR(avg_pool2d(xv, bad), "avg_pool2d", "without count_padding the padding (3, 0) must be below the kernel");
+
+  // nn::Conv1d: conv1d plus the bias over every position
+  nn::Conv1dLayerOptions lo;
+  lo.conv.padding = 1, lo.conv.groups = 2, lo.dtype = DType::f64;
+  nn::Conv1d c(4, 6, 3, rng, lo);
+  CHECK(c.weight.value().shape() == Shape{6, 2, 3});
+  CHECK(max_abs(c.weight.value()) <= 1.0 / std::sqrt(6.0));
+  Tensor s = randn64({2, 4, 9}, rng);
+  Var sv = g.input(s);
+  Tensor got = eval(c(sv)), plain = eval(conv1d(sv, c.weight, lo.conv));
+  REQUIRE(got.shape() == Shape{2, 6, 9});
+  bool ok = true;
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    ok &= got.data<double>()[i] == plain.data<double>()[i] + c.bias.value().data<double>()[(i / 9) % 6];
+  CHECK(ok);
+  EXPECT_ERROR(nn::Conv1d(4, 5, 3, rng, lo), "Conv1d", "groups (2) must divide");
+
+  // a Var and a Parameter combine with the operators, either side
+  Parameter b = Parameter::randn({4}, rng, 1.0, DType::f64);
+  Var h = g.input(randn64({3, 4}, rng));
+  CHECK(max_abs_diff(eval(h + b), eval(add(h, b))) == 0);
+  CHECK(max_abs_diff(eval(b * h), eval(mul(b, h))) == 0);
+  CHECK(max_abs_diff(eval(b - h), eval(sub(b, h))) == 0);
+  CHECK(max_abs_diff(eval(h / b), eval(div(h, b))) == 0);
+}
+
 void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
   for (const ConvCase& c : conv_cases()) {
     if (c.x.numel() > 200) continue;  // the largest are left to the reference test

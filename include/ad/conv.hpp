@@ -59,6 +59,7 @@ Var upsample_nearest2d(const Operand& x, std::array<std::int64_t, 2> factor);
 struct Conv1dOptions {
   std::int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
 };
+// (nn::Conv1d is the layer.)
 // conv2d over sequences: x [N, C, L], w [O, C/G, K] -> [N, O, LO] (a conv2d
 // with H = 1, through reshapes; x or w may be a Parameter; the errors past
 // the ranks name conv2d).
@@ -69,6 +70,9 @@ struct Pool2dOptions {
   std::array<std::int64_t, 2> stride{0, 0};    // 0: the kernel size
   std::array<std::int64_t, 2> padding{0, 0};  // >= 0; max_pool2d: no window may lie wholly in it
   std::array<std::int64_t, 2> dilation{1, 1};  // max_pool2d only
+  // avg_pool2d only: false divides each window by its taps inside x (the
+  // padding not counted), as count_include_pad = False in PyTorch
+  bool count_padding = true;
 };
 
 // y[n,c,oh,ow] = max over the window's taps that fall inside x (the padding
@@ -82,7 +86,8 @@ struct Pool2dOptions {
 Var max_pool2d(const Operand& x, const Pool2dOptions& options = {});
 
 // The mean over each window, the padding's zeros included (every window
-// divides by KH * KW): a depthwise conv2d with weights 1 / (KH KW), so it
+// divides by KH * KW; count_padding = false divides by the taps inside x
+// instead): a depthwise conv2d with weights 1 / (KH KW), so it
 // shares conv2d's kernels and gradients. dilation must be 1. Throws
 // ad::Error naming avg_pool2d for a bad kernel, padding or dilation, a
 // window larger than the padded input, x not rank 4 or not f32/f64.

@@ -215,6 +215,16 @@ inline Var operator*(const Var& a, double s) { return mul_scalar(a, s); }
 inline Var operator*(double s, const Var& a) { return mul_scalar(a, s); }
 inline Var operator/(const Var& a, double s) { return div_scalar(a, s); }
 inline Var operator/(double s, const Var& a) { return rdiv_scalar(a, s); }
+// A Var with a Parameter, either side (the Parameter joins the Var's graph):
+// h + bias, w * x.
+inline Var operator+(const Var& a, const Parameter& b) { return add(a, b); }
+inline Var operator+(const Parameter& a, const Var& b) { return add(a, b); }
+inline Var operator-(const Var& a, const Parameter& b) { return sub(a, b); }
+inline Var operator-(const Parameter& a, const Var& b) { return sub(a, b); }
+inline Var operator*(const Var& a, const Parameter& b) { return mul(a, b); }
+inline Var operator*(const Parameter& a, const Var& b) { return mul(a, b); }
+inline Var operator/(const Var& a, const Parameter& b) { return div(a, b); }
+inline Var operator/(const Parameter& a, const Var& b) { return div(a, b); }
 // x > y etc. are the comparisons (1 or 0 in x's dtype); == and != are not
 // overloaded (use equal / not_equal).
 inline Var operator>(const Var& a, const Var& b) { return greater(a, b); }

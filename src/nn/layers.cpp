@@ -111,6 +111,28 @@ void Conv2d::visit(Visitor& v) const {
   v.parameter("weight", weight);
   v.parameter("bias", bias);
 }
+Conv1d::Conv1d(std::int64_t in, std::int64_t out, std::int64_t kernel, Rng& rng, Conv1dLayerOptions o)
+    : in_channels(in), out_channels(out), conv(o.conv) {
+  Conv2dLayerOptions c2;  // the same checks and init as a conv2d over rows of height 1
+  c2.conv.stride = {1, o.conv.stride};
+  c2.conv.padding = {0, o.conv.padding};
+  c2.conv.dilation = {1, o.conv.dilation};
+  c2.conv.groups = o.conv.groups;
+  c2.bias = o.bias;
+  c2.dtype = o.dtype;
+  Parameter w4;
+  init_conv("Conv1d", in, out, {1, kernel}, rng, c2, false, w4, bias);
+  weight = Parameter(w4.value().reshape({out, in / o.conv.groups, kernel}), "weight");
+}
+Var Conv1d::operator()(const Var& x) const {
+  if (!weight.defined()) throw Error("Conv1d: use of a default-constructed layer");
+  Var y = conv1d(x, weight, conv);
+  return bias.defined() ? add(y, reshape(operand_var(bias, y), Shape{out_channels, 1})) : y;
+}
+void Conv1d::visit(Visitor& v) const {
+  v.parameter("weight", weight);
+  v.parameter("bias", bias);
+}
 ConvTranspose2d::ConvTranspose2d(std::int64_t in, std::int64_t out, std::array<std::int64_t, 2> kernel, Rng& rng,
                                  Conv2dLayerOptions o, std::array<std::int64_t, 2> op)
     : in_channels(in), out_channels(out), conv(o.conv), output_padding(op) {

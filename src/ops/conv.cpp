@@ -664,6 +664,10 @@ Var avg_pool2d(const Operand& x, const Pool2dOptions& o) {
       throw Error(fmt::format("avg_pool2d: kernel must be >= 1, got ({}, {})", o.kernel[0], o.kernel[1]));
     if (o.padding[i] < 0)
       throw Error(fmt::format("avg_pool2d: padding must be >= 0, got ({}, {})", o.padding[0], o.padding[1]));
+    if (!o.count_padding && o.padding[i] >= o.kernel[i])
+      throw Error(fmt::format("avg_pool2d: without count_padding the padding ({}, {}) must be below the kernel ({}, {}), "
+                              "or a window could lie wholly in it",
+                              o.padding[0], o.padding[1], o.kernel[0], o.kernel[1]));
     if (o.kernel[i] > xs[2 + static_cast<int>(i)] + 2 * o.padding[i])
       throw Error(fmt::format("avg_pool2d: the window ({} x {}) is larger than the padded input ({} x {}): x {}",
                               o.kernel[0], o.kernel[1], xs[2] + 2 * o.padding[0], xs[3] + 2 * o.padding[1], xs.str()));
@@ -676,7 +680,16 @@ Var avg_pool2d(const Operand& x, const Pool2dOptions& o) {
   co.stride = {at.stride[0], at.stride[1]};
   co.padding = {at.pad[0], at.pad[1]};
   co.groups = c == 0 ? 1 : c;
-  return conv2d(xv, w, co);
+  Var y = conv2d(xv, w, co);
+  if (o.count_padding || (o.padding[0] == 0 && o.padding[1] == 0)) return y;
+  // each window's share of taps inside x: the same pooling of a plane of ones (a constant, [1, 1, HO, WO])
+  Conv2dOptions one = co;
+  one.groups = 1;
+  Var inside = conv2d(full(xv, Shape{1, 1, xs[2], xs[3]}, 1.0, xv.dtype()),
+                      full(xv, Shape{1, 1, o.kernel[0], o.kernel[1]},
+                           1.0 / static_cast<double>(o.kernel[0] * o.kernel[1]), xv.dtype()),
+                      one);
+  return div(y, inside);
 }
 
 }  // namespace ad

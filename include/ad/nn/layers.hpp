@@ -1,5 +1,5 @@
 #pragma once
-// Basic layers: Linear, Conv2d, ConvTranspose2d, Embedding, LayerNorm, GroupNorm, RMSNorm, Dropout, MLP.
+// Basic layers: Linear, Conv1d, Conv2d, ConvTranspose2d, Embedding, LayerNorm, GroupNorm, RMSNorm, Dropout, MLP.
 // Each builds its output from ad ops (so autodiff and rematerialisation see
 // ordinary nodes) and initialises its parameters from an ad::Rng; the same
 // seed gives the same parameters, bit for bit. Parameter dtype: f32 or f64.
@@ -63,6 +63,27 @@ class Conv2d : public Module {
 
   std::int64_t in_channels = 0, out_channels = 0;
   Conv2dOptions conv;
+  Parameter weight, bias;  // bias undefined without options.bias
+};
+
+struct Conv1dLayerOptions {
+  Conv1dOptions conv;  // stride, padding, dilation, groups
+  bool bias = true;
+  DType dtype = DType::f32;
+};
+
+// y = conv1d(x, W) + b over sequences: "weight" [out, in/groups, k], "bias"
+// [out], init as Conv2d. x [N, in, L] -> [N, out, LO].
+class Conv1d : public Module {
+ public:
+  Conv1d() = default;
+  Conv1d(std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel, Rng& rng,
+         Conv1dLayerOptions options = {});
+  Var operator()(const Var& x) const;
+  void visit(Visitor& v) const override;
+
+  std::int64_t in_channels = 0, out_channels = 0;
+  Conv1dOptions conv;
   Parameter weight, bias;  // bias undefined without options.bias
 };
 
