@@ -31,4 +31,7 @@ expect "--only takes T,K,C" "$dir/bench_semicrf" --only 1,2,3x
 expect "--ops takes a whole number from 4" "$dir/bench_overhead" --ops 3
 expect "usage:" "$dir/bench_overhead" --profile relu --steps
 expect "--reps takes a whole number from 1" "$dir/bench_cuda" --reps -1
+expect "--reps takes a whole number from 1" "$dir/bench_conv" --reps 0
+expect "--threads takes a whole number from 1 to 256" "$dir/bench_conv" --threads 300
+expect "usage:" "$dir/bench_conv" --bogus
 exit $fail
