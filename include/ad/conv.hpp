@@ -23,14 +23,16 @@ struct Conv2dOptions {
 // (g = o's group, o / (O/G); x taken as 0 in the padding).
 //   x [N, C, H, W], w [O, C/G, KH, KW] -> y [N, O, HO, WO],
 //   HO = floor((H + 2 ph - dh (KH - 1) - 1) / sh) + 1, likewise WO.
-// f32 or f64, one dtype. No bias: add one as y + reshape(b, {O, 1, 1}) (nn::Conv2d does).
+// f32 or f64, one dtype. No bias: add one as y + reshape(g.param(b), {O, 1, 1})
+// (nn::Conv2d does).
 // Gradients: dx is the transposed convolution of dy (col2im of w^T dy), dw
 // sums dy times the columns over the batch; both are ops of their own with
 // gradients, so conv2d can be differentiated twice.
 // Kernels: per image, the columns are formed in the op's workspace (C KH KW
 // x HO WO elements; on CUDA up to 64 MiB of images at once) and multiplied by
 // w through BLAS / cuBLAS; a 1x1 kernel with stride 1 and no padding uses x
-// directly (no workspace).
+// directly (no workspace), and on the CPU a depthwise conv (C/G = 1) runs as
+// shifted multiply-adds over planes (no workspace either).
 // Throws ad::Error naming conv2d and the shapes when x or w is not rank 4,
 // C != (w's dim 1) * groups, groups does not divide O, the window (with
 // dilation and padding) is larger than the padded input, or dtypes differ or
