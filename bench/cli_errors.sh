@@ -34,4 +34,7 @@ expect "--reps takes a whole number from 1" "$dir/bench_cuda" --reps -1
 expect "--reps takes a whole number from 1" "$dir/bench_conv" --reps 0
 expect "--threads takes a whole number from 1 to 256" "$dir/bench_conv" --threads 300
 expect "usage:" "$dir/bench_conv" --bogus
+expect "--seq takes a whole number from 2" "$dir/bench_rnn" --seq 1
+expect "--layers takes a whole number from 1 to 16" "$dir/bench_rnn" --layers 0
+expect "usage:" "$dir/bench_rnn" --bogus
 exit $fail

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Bad command lines of the examples end with a message and exit status 1 or 2,
 # never an abort: usage errors exit 2, run-time errors 1.
-# usage: cli_errors.sh <toolkit> <train_lm> <semicrf_segment> <mlp> <remat_demo> <dist_mlp> <cnn>
+# usage: cli_errors.sh <toolkit> <train_lm> <semicrf_segment> <mlp> <remat_demo> <dist_mlp> <cnn> <rnn>
 set -u
-toolkit=$1 train_lm=$2 semicrf=$3 mlp=$4 remat=$5 dist=$6 cnn=$7
+toolkit=$1 train_lm=$2 semicrf=$3 mlp=$4 remat=$5 dist=$6 cnn=$7 rnn=$8
 fail=0
 expect() {  # expect STATUS TEXT command...
   local want=$1 text=$2
@@ -51,6 +51,12 @@ expect 2 "--epochs takes a whole number from 1 to 1000" "$cnn" --epochs 0
 expect 2 "unknown --policy 'foo'" "$cnn" --policy foo
 expect 2 "--policy budget and --budget KiB go together" "$cnn" --policy budget
 expect 1 "is below the least peak" "$cnn" --policy budget --budget 1 --epochs 1
+expect 2 "unknown --cell 'tcn'" "$rnn" --cell tcn
+expect 2 "--delay (9) must be less than --seq (9)" "$rnn" --seq 9 --delay 9
+expect 2 "--seq takes a whole number from 2 to" "$rnn" --seq 1
+expect 2 "--policy budget and --budget KiB go together" "$rnn" --budget 64
+expect 2 "usage:" "$rnn" --steps
+expect 1 "is below the least peak" "$rnn" --policy budget --budget 1 --steps 1 --seq 16
 expect 2 "--length takes a whole number >= 1" "$semicrf" --length abc
 
 # memory: sizes beyond any address space fail at once, before training (timeout: not after a long run)

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "ad/autodiff.hpp"
 #include "core/graph_impl.hpp"
@@ -42,12 +44,77 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   }
 
   std::vector<Var> grads(n);
+  // contributions of OpDef::places_slice nodes (slice's gradient), kept apart
+  // until the node's gradient is needed and then assembled by settle()
+  std::vector<std::vector<Var>> placed(n);
+  auto accumulate = [&](std::size_t iu, const Var& gv) {
+    const Meta& gm = g.node(gv.id()).meta;
+    if (!grads[iu].defined()) {
+      grads[iu] = gv;
+    } else if (is_compute_float(gm.dtype)) {
+      grads[iu] = add(grads[iu], gv);
+    } else {  // f16 / bf16 (storage types: add takes f32/f64): summed in f32, rounded once
+      grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(gv, DType::f32)), gm.dtype);
+    }
+  };
+  auto settle = [&](std::size_t iu) {
+    if (placed[iu].empty()) return;
+    std::vector<Var> pieces;
+    pieces.swap(placed[iu]);
+    if (pieces.size() == 1) return accumulate(iu, pieces[0]);
+    // one concat per axis; a group whose distinct ranges overlap is added as before
+    std::sort(pieces.begin(), pieces.end(), [&](const Var& x, const Var& y) {
+      const Attrs &ax = g.node(x.id()).attrs, &ay = g.node(y.id()).attrs;
+      return std::make_tuple(ax.axis, ax.start, ax.stop, x.id()) < std::make_tuple(ay.axis, ay.start, ay.stop, y.id());
+    });
+    for (std::size_t b = 0; b < pieces.size();) {
+      const Attrs first = g.node(pieces[b].id()).attrs;
+      std::size_t e = b;
+      while (e < pieces.size() && g.node(pieces[e].id()).attrs.axis == first.axis) ++e;
+      // ranges [start, stop) with the pieces' inputs summed where a range repeats
+      std::vector<std::pair<Attrs, Var>> runs;
+      bool disjoint = true;
+      for (std::size_t i = b; i < e; ++i) {
+        const Attrs at = g.node(pieces[i].id()).attrs;
+        const Var dy(&g, g.node(pieces[i].id()).inputs[0]);
+        if (!runs.empty() && runs.back().first.start == at.start && runs.back().first.stop == at.stop) {
+          runs.back().second = add(runs.back().second, dy);
+          continue;
+        }
+        if (!runs.empty() && at.start < runs.back().first.stop) disjoint = false;
+        runs.emplace_back(at, dy);
+      }
+      if (!disjoint || e - b == 1) {
+        for (std::size_t i = b; i < e; ++i) accumulate(iu, pieces[i]);
+      } else {
+        const Shape full_shape = first.shape;
+        const int ax = static_cast<int>(first.axis);
+        std::vector<Var> parts;
+        std::int64_t at = 0;
+        auto zeros_until = [&](std::int64_t stop) {
+          if (stop <= at) return;
+          Shape zs = full_shape;
+          zs[ax] = stop - at;
+          parts.push_back(full(pieces[b], zs, 0.0, g.node(pieces[b].id()).meta.dtype));
+        };
+        for (const auto& [range, dy] : runs) {
+          zeros_until(range.start);
+          if (range.stop > range.start) parts.push_back(dy);
+          at = std::max(at, range.stop);
+        }
+        zeros_until(full_shape[ax]);
+        accumulate(iu, parts.size() == 1 ? parts[0] : concat(parts, ax));
+      }
+      b = e;
+    }
+  };
   if (wants[static_cast<std::size_t>(L)])
     grads[static_cast<std::size_t>(L)] = seed.defined() ? seed : full(loss, loss_meta.shape, 1.0, loss_meta.dtype);
 
   BackwardArgs a;
   for (std::int32_t id = L; id >= 0; --id) {
     auto u = static_cast<std::size_t>(id);
+    settle(u);
     if (!grads[u].defined() || g.is_leaf(id)) continue;
     const Node& nd = g.node(id);  // copied out below: rules append nodes
     const OpDef& def = op_def(nd.op);
@@ -76,13 +143,10 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
       const Meta& gm = g.node(a.grad[i].id()).meta;
       if (!(gm.shape == im.shape) || gm.dtype != im.dtype)
         throw Error(fmt::format("grad: internal: backward of {} gave {} for input {}", def.name, describe(gm), describe(im)));
-      if (!grads[iu].defined()) {
-        grads[iu] = a.grad[i];
-      } else if (is_compute_float(gm.dtype)) {
-        grads[iu] = add(grads[iu], a.grad[i]);
-      } else {  // f16 / bf16 (storage types: add takes f32/f64): summed in f32, rounded once
-        grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(a.grad[i], DType::f32)), gm.dtype);
-      }
+      if (op_def(g.node(a.grad[i].id()).op).places_slice && is_compute_float(gm.dtype))
+        placed[iu].push_back(a.grad[i]);
+      else
+        accumulate(iu, a.grad[i]);
     }
   }
   std::vector<Var> out;

@@ -160,6 +160,12 @@ struct OpDef {
   // Parameter reached only through such inputs (or detach) as one the loss
   // depends on, so it gets no gradient (an optimizer leaves it alone).
   std::uint8_t zero_grad_inputs = 0;
+  // The output is zeros of attrs.shape with input 0 placed at [attrs.start,
+  // attrs.stop) along attrs.axis (slice's gradient). grad() assembles such
+  // contributions to one value with a single concat (zeros in the gaps)
+  // instead of adding full-size tensors: T slices of a sequence would
+  // otherwise cost T full-size gradients and T - 1 full-size adds.
+  bool places_slice = false;
 };
 
 // An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA

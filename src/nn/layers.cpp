@@ -1,5 +1,6 @@
 #include "ad/nn/layers.hpp"
 #include "core/graph_impl.hpp"
+#include "nn/layer_checks.hpp"
 
 #include <fmt/format.h>
 
@@ -8,15 +9,8 @@
 
 namespace ad::nn {
 
-namespace {
-void check_positive(const char* layer, const char* what, std::int64_t v) {
-  if (v <= 0) throw Error(fmt::format("{}: {} must be positive, got {}", layer, what, v));
-}
-void check_dtype(const char* layer, DType t) {
-  if (!is_compute_float(t))
-    throw Error(fmt::format("{}: parameter dtype must be f32 or f64, got {}", layer, dtype_name(t)));
-}
-}  // namespace
+using detail::check_dtype;
+using detail::check_positive;
 
 Var activate(const Var& x, Activation a) {
   switch (a) {

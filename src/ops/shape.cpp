@@ -322,7 +322,7 @@ void slice_backward_bwd(BackwardArgs& a) {
 const OpDef op_def_slice_backward{.name = "slice_backward", .args = "dy", .arity = 1,
                                   .infer = infer_slice_backward, .cpu = slice_backward_cpu,
                                   .cuda = AD_CUDA_FN(slice_backward_cuda),
-                                  .backward = slice_backward_bwd};
+                                  .backward = slice_backward_bwd, .places_slice = true};
 
 // ---- part ----  numel(shape) elements of x's flat order from element `start`,
 // as a view: how an op with several outputs (or a backward op producing

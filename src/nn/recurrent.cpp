@@ -1,0 +1,204 @@
+#include "ad/nn/recurrent.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+
+#include "ad/format.hpp"
+#include "ad/policy.hpp"
+#include "core/graph_impl.hpp"
+#include "nn/layer_checks.hpp"
+
+namespace ad::nn {
+
+namespace {
+
+const char* kind_name(CellKind k) {
+  switch (k) {
+    case CellKind::rnn: return "RNN";
+    case CellKind::gru: return "GRU";
+    case CellKind::lstm: return "LSTM";
+  }
+  return "?";
+}
+std::int64_t gate_count(CellKind k) { return k == CellKind::rnn ? 1 : k == CellKind::gru ? 3 : 4; }
+
+// Gate g of a [B, gates * H] pre-activation: columns [g H, (g + 1) H).
+Var gate(const Var& pre, std::int64_t g, std::int64_t hidden) { return slice(pre, 1, g * hidden, (g + 1) * hidden); }
+
+Var rnn_step(const CellParameters& p, RNNNonlinearity act, const Var& x, const Var& h) {
+  Var pre = add(p.input_part(x), p.hidden_part(h));
+  return act == RNNNonlinearity::relu ? relu(pre) : ad::tanh(pre);
+}
+Var gru_step(const CellParameters& p, const Var& x, const Var& h) {
+  const std::int64_t H = p.hidden_size;
+  Var gi = p.input_part(x), gh = p.hidden_part(h);
+  Var r = sigmoid(add(gate(gi, 0, H), gate(gh, 0, H)));
+  Var z = sigmoid(add(gate(gi, 1, H), gate(gh, 1, H)));
+  Var n = ad::tanh(add(gate(gi, 2, H), mul(r, gate(gh, 2, H))));
+  return add(n, mul(z, sub(h, n)));  // (1 - z) n + z h
+}
+LSTMState lstm_step(const CellParameters& p, const Var& x, const LSTMState& s) {
+  const std::int64_t H = p.hidden_size;
+  Var pre = add(p.input_part(x), p.hidden_part(s.h));
+  Var i = sigmoid(gate(pre, 0, H)), f = sigmoid(gate(pre, 1, H)), g = ad::tanh(gate(pre, 2, H)),
+      o = sigmoid(gate(pre, 3, H));
+  Var c = add(mul(f, s.c), mul(i, g));
+  return {mul(o, ad::tanh(c)), c};
+}
+
+std::string shape_of(const Var& v) { return v.defined() ? v.shape().str() : std::string("(undefined)"); }
+
+}  // namespace
+
+// ---- parameters of one cell ----
+CellParameters::CellParameters(const char* name, std::int64_t gates, std::int64_t in, std::int64_t hidden, Rng& rng,
+                               const RNNCellOptions& o)
+    : layer(name), input_size(in), hidden_size(hidden) {
+  detail::check_positive(name, "input_size", in);
+  detail::check_positive(name, "hidden_size", hidden);
+  detail::check_dtype(name, o.dtype);
+  const double k = 1.0 / std::sqrt(static_cast<double>(hidden));
+  weight_ih = Parameter(Tensor::uniform({gates * hidden, in}, rng, o.dtype, -k, k), "weight_ih");
+  weight_hh = Parameter(Tensor::uniform({gates * hidden, hidden}, rng, o.dtype, -k, k), "weight_hh");
+  if (o.bias) {
+    bias_ih = Parameter(Tensor::uniform({gates * hidden}, rng, o.dtype, -k, k), "bias_ih");
+    bias_hh = Parameter(Tensor::uniform({gates * hidden}, rng, o.dtype, -k, k), "bias_hh");
+  }
+}
+void CellParameters::visit(Visitor& v) const {
+  v.parameter("weight_ih", weight_ih);
+  v.parameter("weight_hh", weight_hh);
+  v.parameter("bias_ih", bias_ih);
+  v.parameter("bias_hh", bias_hh);
+}
+void CellParameters::check_step(const Var& x, const Var& h, const char* what) const {
+  if (!weight_ih.defined()) throw Error(fmt::format("{}: use of a default-constructed layer", layer));
+  const bool ok = x.defined() && h.defined() && x.rank() == 2 && h.rank() == 2 && x.dim(1) == input_size &&
+                  h.dim(1) == hidden_size && x.dim(0) == h.dim(0);
+  if (!ok)
+    throw Error(fmt::format("{}: expected x [B,{}] and {} [B,{}] with the same B, got x {} and {} {}", layer,
+                            input_size, what, hidden_size, shape_of(x), what, shape_of(h)));
+}
+Var CellParameters::input_part(const Var& x) const {
+  Var y = matmul(x, weight_ih, false, true);
+  return bias_ih.defined() ? add(y, bias_ih) : y;
+}
+Var CellParameters::hidden_part(const Var& h) const {
+  Var y = matmul(h, weight_hh, false, true);
+  return bias_hh.defined() ? add(y, bias_hh) : y;
+}
+
+// ---- cells ----
+RNNCell::RNNCell(std::int64_t in, std::int64_t hidden, Rng& rng, RNNCellOptions o)
+    : nonlinearity(o.nonlinearity), p("RNNCell", 1, in, hidden, rng, o) {}
+Var RNNCell::operator()(const Var& x, const Var& h) const {
+  p.check_step(x, h, "h");
+  return rnn_step(p, nonlinearity, x, h);
+}
+GRUCell::GRUCell(std::int64_t in, std::int64_t hidden, Rng& rng, RNNCellOptions o) : p("GRUCell", 3, in, hidden, rng, o) {}
+Var GRUCell::operator()(const Var& x, const Var& h) const {
+  p.check_step(x, h, "h");
+  return gru_step(p, x, h);
+}
+LSTMCell::LSTMCell(std::int64_t in, std::int64_t hidden, Rng& rng, RNNCellOptions o)
+    : p("LSTMCell", 4, in, hidden, rng, o) {}
+LSTMState LSTMCell::operator()(const Var& x, const LSTMState& s) const {
+  p.check_step(x, s.h, "h");
+  p.check_step(x, s.c, "c");
+  return lstm_step(p, x, s);
+}
+
+// ---- sequence modules ----
+Recurrent::Recurrent(CellKind k, std::int64_t in, std::int64_t hidden, Rng& rng, RNNOptions o)
+    : kind(k), input_size(in), hidden_size(hidden), num_layers(o.num_layers), checkpoint_every(o.checkpoint_every),
+      nonlinearity(o.nonlinearity) {
+  const char* name = kind_name(k);
+  detail::check_positive(name, "num_layers", o.num_layers);
+  if (o.checkpoint_every < 0)
+    throw Error(fmt::format("{}: checkpoint_every must be >= 0 (0: no marks), got {}", name, o.checkpoint_every));
+  RNNCellOptions co;
+  co.bias = o.bias;
+  co.dtype = o.dtype;
+  co.nonlinearity = o.nonlinearity;
+  // torch.nn.RNN & co. draw each layer's weight_ih, weight_hh, bias_ih, bias_hh in turn, all ~ U(+-1/sqrt(hidden))
+  for (std::int64_t l = 0; l < o.num_layers; ++l)
+    layers.emplace_back(name, gate_count(k), l == 0 ? in : hidden, hidden, rng, co);
+}
+void Recurrent::visit(Visitor& v) const {
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const std::string s = "_l" + std::to_string(l);
+    v.parameter("weight_ih" + s, layers[l].weight_ih);
+    v.parameter("weight_hh" + s, layers[l].weight_hh);
+    v.parameter("bias_ih" + s, layers[l].bias_ih);
+    v.parameter("bias_hh" + s, layers[l].bias_hh);
+  }
+}
+
+RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0) const {
+  const char* name = kind_name(kind);
+  if (layers.empty()) throw Error(fmt::format("{}: use of a default-constructed layer", name));
+  if (!x.defined() || x.rank() != 3 || x.dim(2) != input_size || x.dim(1) < 1)
+    throw Error(fmt::format("{}: expected x [B,T,{}] with T >= 1 (batch first), got {}", name, input_size,
+                            shape_of(x)));
+  const std::int64_t B = x.dim(0), T = x.dim(1), L = num_layers, H = hidden_size;
+  const Shape state{L, B, H};
+  const bool lstm = kind == CellKind::lstm;
+  if (!lstm && c0.defined())
+    throw Error(fmt::format("{}: c0 is an LSTM's initial cell state; a {} has none", name, name));
+  if (lstm && h0.defined() != c0.defined())
+    throw Error(fmt::format("LSTM: give both h0 and c0 {} or neither, got h0 {} and c0 {}", state, shape_of(h0),
+                            shape_of(c0)));
+  for (const Var* s : {&h0, &c0})
+    if (s->defined() && s->shape() != state)
+      throw Error(fmt::format("{}: expected {} {} ([num_layers,B,hidden]), got {}", name, s == &h0 ? "h0" : "c0",
+                              state, s->shape()));
+
+  // each layer's initial state: a row of h0 / c0, or zeros
+  auto initial = [&](const Var& s0, std::int64_t l) {
+    return s0.defined() ? reshape(slice(s0, 0, l, l + 1), Shape{B, H}) : full(x, Shape{B, H}, 0.0, x.dtype());
+  };
+  std::vector<Var> h(static_cast<std::size_t>(L)), c(lstm ? static_cast<std::size_t>(L) : 0);
+  for (std::int64_t l = 0; l < L; ++l) {
+    h[static_cast<std::size_t>(l)] = initial(h0, l);
+    if (lstm) c[static_cast<std::size_t>(l)] = initial(c0, l);
+  }
+  std::vector<Var> outputs;
+  outputs.reserve(static_cast<std::size_t>(T));
+  // time-major: step t of every layer before step t + 1 (see the header)
+  for (std::int64_t t = 0; t < T; ++t) {
+    Var in = reshape(slice(x, 1, t, t + 1), Shape{B, input_size});
+    const bool mark = checkpoint_every > 0 && (t + 1) % checkpoint_every == 0;
+    for (std::int64_t l = 0; l < L; ++l) {
+      const auto li = static_cast<std::size_t>(l);
+      const CellParameters& p = layers[li];
+      if (kind == CellKind::lstm) {
+        LSTMState s = lstm_step(p, in, {h[li], c[li]});
+        h[li] = s.h, c[li] = s.c;
+        if (mark) checkpoint(c[li]);
+      } else {
+        h[li] = kind == CellKind::gru ? gru_step(p, in, h[li]) : rnn_step(p, nonlinearity, in, h[li]);
+      }
+      if (mark) checkpoint(h[li]);
+      in = h[li];
+    }
+    outputs.push_back(reshape(in, Shape{B, 1, H}));
+  }
+  auto stack = [&](const std::vector<Var>& s) {
+    std::vector<Var> rows;
+    rows.reserve(s.size());
+    for (const Var& v : s) rows.push_back(reshape(v, Shape{1, B, H}));
+    return rows.size() == 1 ? rows[0] : concat(rows, 0);
+  };
+  RNNResult r;
+  r.output = T == 1 ? outputs[0] : concat(outputs, 1);
+  // recomputing the output would rerun every step (it reads every state): a
+  // manual plan keeps it with the marked states
+  if (checkpoint_every > 0) checkpoint(r.output);
+  r.h = stack(h);
+  if (lstm) r.c = stack(c);
+  return r;
+}
+
+}  // namespace ad::nn
