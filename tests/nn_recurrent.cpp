@@ -36,8 +36,11 @@ struct RefOut {
 };
 double sigm(double v) { return 1 / (1 + std::exp(-v)); }
 
+// lengths (empty: all T): sequence b runs lengths[b] steps, then its states
+// stay and its outputs are 0; its padding is never read.
 RefOut reference(const RefModel& m, const std::vector<double>& x, std::int64_t B, std::int64_t T,
-                 const std::vector<double>& h0, const std::vector<double>& c0) {
+                 const std::vector<double>& h0, const std::vector<double>& c0,
+                 const std::vector<std::int64_t>& lengths = {}) {
   const std::int64_t L = static_cast<std::int64_t>(m.layers.size()), H = m.H;
   const std::int64_t G = m.kind == nn::CellKind::rnn ? 1 : m.kind == nn::CellKind::gru ? 3 : 4;
   std::vector<double> h(static_cast<std::size_t>(L * B * H), 0.0), c = h;
@@ -47,6 +50,7 @@ RefOut reference(const RefModel& m, const std::vector<double>& x, std::int64_t B
   r.output.assign(static_cast<std::size_t>(B * T * H), 0.0);
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t b = 0; b < B; ++b) {
+      if (!lengths.empty() && t >= lengths[static_cast<std::size_t>(b)]) continue;
       std::vector<double> in(x.begin() + (b * T + t) * m.in, x.begin() + (b * T + t + 1) * m.in);
       for (std::int64_t l = 0; l < L; ++l) {
         const RefLayer& p = m.layers[static_cast<std::size_t>(l)];
@@ -421,4 +425,90 @@ TEST_CASE("slice gradients: repeated ranges, gaps, overlaps and two axes sum cor
       }
       CHECK(dw[static_cast<std::size_t>(r * 5 + c)] == doctest::Approx(want).epsilon(1e-14));
     }
+}
+
+TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding never read") {
+  for (nn::CellKind kind : {nn::CellKind::gru, nn::CellKind::lstm, nn::CellKind::rnn}) {
+    CAPTURE(kind_str(kind));
+    ad::Rng rng(21);
+    const std::int64_t B = 3, T = 6, I = 2, H = 3, L = 2;
+    nn::RNNOptions o;
+    o.dtype = DType::f64;
+    o.num_layers = L;
+    nn::Recurrent m(kind, I, H, rng, o);
+    const std::vector<std::int64_t> lens{6, 3, 0};
+    std::vector<double> x = ad::test::randn64({B, T, I}, rng).to_vector();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = lens[static_cast<std::size_t>(b)]; t < T; ++t)
+        for (std::int64_t i = 0; i < I; ++i) x[static_cast<std::size_t>((b * T + t) * I + i)] = std::nan("");
+    const std::vector<double> h0 = ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector(),
+                              c0 = kind == nn::CellKind::lstm ? ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector()
+                                                              : std::vector<double>{};
+    const std::vector<double> wo = ad::test::randn64({B, T, H}, rng).to_vector(),
+                              wh = ad::test::randn64({L, B, H}, rng).to_vector();
+    ad::Graph g;
+    ad::Var xv = g.input(f64(x, {B, T, I})), h0v = g.input(f64(h0, {L, B, H})),
+            c0v = c0.empty() ? ad::Var{} : g.input(f64(c0, {L, B, H}));
+    nn::RNNResult out = m(xv, h0v, c0v, ad::test::index(lens, {B}));
+    const RefModel rm = ref_of(m);
+    const RefOut want = reference(rm, x, B, T, h0, c0, lens);
+    check_close(out.output.value().to_vector(), want.output, 1e-12);
+    check_close(out.h.value().to_vector(), want.h, 1e-12);  // sequence 2 (length 0) keeps h0
+    if (!c0.empty()) check_close(out.c.value().to_vector(), want.c, 1e-12);
+    ad::Var loss = ad::sum(ad::mul(out.output, g.input(f64(wo, {B, T, H})))) +
+                   ad::sum(ad::mul(out.h, g.input(f64(wh, {L, B, H}))));
+    m.zero_grad();
+    const ad::Report rep = ad::backward_wrt(loss, {xv, h0v});
+    auto ref_loss = [&](const RefModel& r, const std::vector<double>& xs, const std::vector<double>& hs) {
+      RefOut o2 = reference(r, xs, B, T, hs, c0, lens);
+      double sum = 0;
+      for (std::size_t i = 0; i < o2.output.size(); ++i) sum += o2.output[i] * wo[i];
+      for (std::size_t i = 0; i < o2.h.size(); ++i) sum += o2.h[i] * wh[i];
+      return sum;
+    };
+    // x's gradient: central differences on the valid steps, exactly 0 on the padding (which is NaN)
+    const std::vector<double> gx = rep.grads[0].to_vector();
+    std::vector<double> xs = x;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(x[i])) {
+        CHECK(gx[i] == 0.0);
+        continue;
+      }
+      const double keep = xs[i];
+      xs[i] = keep + 1e-6;
+      const double up = ref_loss(rm, xs, h0);
+      xs[i] = keep - 1e-6;
+      const double down = ref_loss(rm, xs, h0);
+      xs[i] = keep;
+      CHECK(gx[i] == doctest::Approx((up - down) / 2e-6).epsilon(1e-6).scale(1));
+    }
+    // every parameter gradient is finite and matches central differences
+    RefModel pm = rm;
+    for (std::size_t l = 0; l < m.layers.size(); ++l) {
+      const std::vector<double> gw = m.layers[l].weight_hh.grad().to_vector();
+      std::vector<double>& w = pm.layers[l].whh;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double keep = w[i];
+        w[i] = keep + 1e-6;
+        const double up = ref_loss(pm, x, h0);
+        w[i] = keep - 1e-6;
+        const double down = ref_loss(pm, x, h0);
+        w[i] = keep;
+        CHECK(gw[i] == doctest::Approx((up - down) / 2e-6).epsilon(1e-6).scale(1));
+      }
+      CHECK(ad::test::all_finite(m.layers[l].weight_ih.grad()));
+      CHECK(ad::test::all_finite(m.layers[l].bias_ih.grad()));
+    }
+  }
+  // bad lengths
+  ad::Rng rng(22);
+  nn::GRU gru(2, 3, rng);
+  ad::Graph g;
+  ad::Var x = g.input(Tensor::zeros({2, 4, 2}));
+  CHECK(ad::test::throws_with([&] { gru(x, {}, {}, ad::test::index({5, 1}, {2})); },
+                              "GRU: lengths[0] = 5 is outside [0, T = 4]"));
+  CHECK(ad::test::throws_with([&] { gru(x, {}, {}, ad::test::index({-1, 1}, {2})); }, "lengths[0] = -1"));
+  CHECK(ad::test::throws_with([&] { gru(x, {}, {}, ad::test::index({1, 1, 1}, {3})); },
+                              "GRU: lengths must be i64 [2] (one per sequence), got i64 [3]"));
+  CHECK(ad::test::throws_with([&] { gru(x, {}, {}, Tensor::zeros({2})); }, "got f32 [2]"));
 }

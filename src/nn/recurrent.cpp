@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -136,7 +137,7 @@ void Recurrent::visit(Visitor& v) const {
   }
 }
 
-RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0) const {
+RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, const Tensor& lengths) const {
   const char* name = kind_name(kind);
   if (layers.empty()) throw Error(fmt::format("{}: use of a default-constructed layer", name));
   if (!x.defined() || x.rank() != 3 || x.dim(2) != input_size || x.dim(1) < 1)
@@ -155,6 +156,27 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0) cons
       throw Error(fmt::format("{}: expected {} {} ([num_layers,B,hidden]), got {}", name, s == &h0 ? "h0" : "c0",
                               state, s->shape()));
 
+  // with lengths: a constant mask [B, T] in x's dtype and on its device, 1 while step t of sequence b runs
+  Var mask;
+  if (lengths.defined()) {
+    if (lengths.dtype() != DType::i64 || lengths.shape() != Shape{B})
+      throw Error(fmt::format("{}: lengths must be i64 [{}] (one per sequence), got {} {}", name, B,
+                              dtype_name(lengths.dtype()), lengths.shape()));
+    const Tensor lv = lengths.to(Device::cpu());
+    const std::int64_t* l = lv.data<std::int64_t>();
+    Tensor m = Tensor::zeros({B, T}, DType::f64);
+    double* mp = m.data<double>();
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (l[b] < 0 || l[b] > T)
+        throw Error(fmt::format("{}: lengths[{}] = {} is outside [0, T = {}]", name, b, l[b], T));
+      std::fill(mp + b * T, mp + b * T + l[b], 1.0);
+    }
+    Node n;  // a graph input, as Graph::input makes one
+    n.op = OpId::input;
+    n.value = m.to(x.dtype()).to(x.device());
+    n.meta = {n.value.shape(), n.value.dtype(), n.value.device()};
+    mask = Var(x.graph(), x.graph()->add_node(std::move(n)));
+  }
   // each layer's initial state: a row of h0 / c0, or zeros
   auto initial = [&](const Var& s0, std::int64_t l) {
     return s0.defined() ? reshape(slice(s0, 0, l, l + 1), Shape{B, H}) : full(x, Shape{B, H}, 0.0, x.dtype());
@@ -169,21 +191,25 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0) cons
   // time-major: step t of every layer before step t + 1 (see the header)
   for (std::int64_t t = 0; t < T; ++t) {
     Var in = reshape(slice(x, 1, t, t + 1), Shape{B, input_size});
+    // with lengths: 1 where sequence b is still running; its padding never reaches a product
+    const Var live = mask.defined() ? slice(mask, 1, t, t + 1) : Var{};
+    if (live.defined()) in = where(live, in, 0.0);
+    auto gate_state = [&](const Var& next, const Var& prev) { return live.defined() ? where(live, next, prev) : next; };
     const bool mark = checkpoint_every > 0 && (t + 1) % checkpoint_every == 0;
     for (std::int64_t l = 0; l < L; ++l) {
       const auto li = static_cast<std::size_t>(l);
       const CellParameters& p = layers[li];
       if (kind == CellKind::lstm) {
         LSTMState s = lstm_step(p, in, {h[li], c[li]});
-        h[li] = s.h, c[li] = s.c;
+        h[li] = gate_state(s.h, h[li]), c[li] = gate_state(s.c, c[li]);
         if (mark) checkpoint(c[li]);
       } else {
-        h[li] = kind == CellKind::gru ? gru_step(p, in, h[li]) : rnn_step(p, nonlinearity, in, h[li]);
+        h[li] = gate_state(kind == CellKind::gru ? gru_step(p, in, h[li]) : rnn_step(p, nonlinearity, in, h[li]), h[li]);
       }
       if (mark) checkpoint(h[li]);
       in = h[li];
     }
-    outputs.push_back(reshape(in, Shape{B, 1, H}));
+    outputs.push_back(reshape(live.defined() ? where(live, in, 0.0) : in, Shape{B, 1, H}));
   }
   auto stack = [&](const std::vector<Var>& s) {
     std::vector<Var> rows;

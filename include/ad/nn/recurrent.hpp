@@ -127,14 +127,23 @@ enum class CellKind : std::uint8_t { rnn, gru, lstm };
 // named as torch.nn.RNN / GRU / LSTM name them: "weight_ih_l0",
 // "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_ih_l1", ... The initial
 // states h0 (and c0 for the LSTM) are [num_layers, B, hidden], zeros when
-// undefined. T = 0 is an ad::Error (there is no step to run); so are
-// num_layers < 1, a negative checkpoint_every, a wrong x, h0 or c0 shape,
-// c0 given to a GRU or RNN, and h0 without c0 (or the reverse) for the LSTM.
+// undefined.
+// Sequences of different lengths in one batch: `lengths` (a tensor, i64
+// [B], data known when the graph is built, as PyTorch's packed sequences
+// want their lengths on the host) stops sequence b after lengths[b] steps:
+// its states stay those of step lengths[b] - 1 (so h and c are each
+// sequence's last valid states), its output rows from lengths[b] on are 0,
+// and its padding x[b, lengths[b]:] may hold anything, NaN included (masked
+// to 0 before any product, so no gradient reads it). Each length must be in
+// [0, T], else ad::Error.
+// T = 0 is an ad::Error (there is no step to run); so are num_layers < 1, a
+// negative checkpoint_every, a wrong x, h0, c0 or lengths shape or dtype, c0
+// given to a GRU or RNN, and h0 without c0 (or the reverse) for the LSTM.
 class Recurrent : public Module {
  public:
   Recurrent() = default;
   Recurrent(CellKind kind, std::int64_t input, std::int64_t hidden, Rng& rng, RNNOptions options = {});
-  RNNResult operator()(const Var& x, const Var& h0 = {}, const Var& c0 = {}) const;
+  RNNResult operator()(const Var& x, const Var& h0 = {}, const Var& c0 = {}, const Tensor& lengths = {}) const;
   void visit(Visitor& v) const override;
 
   CellKind kind = CellKind::gru;
