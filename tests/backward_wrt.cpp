@@ -260,3 +260,72 @@ TEST_CASE("backward_wrt: parameters' gradients are not copied, and explain() nam
     }
   }
 }
+
+TEST_CASE("backward_keep: kept forward values are the plain forward's, under every policy, with backward()'s gradients") {
+  // two values of the forward pass (the first and a middle one of the pool)
+  // kept through backward: their values equal a plain eval on a fresh graph,
+  // the parameters' gradients equal backward()'s bit for bit, and the peak
+  // (which now holds them to the end) is predicted exactly
+  int budget_runs = 0;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    const bool chain = seed % 4 == 0;
+    INFO("seed ", seed, std::string(chain ? " (chain)" : " (dag)"));
+    auto pick = [](const RandomDag& d) { return std::vector<Var>{d.pool.back(), d.pool[d.pool.size() / 2]}; };
+    std::vector<Tensor> want, ref_grads;
+    std::int64_t ref_peak = 0;
+    {
+      Graph g;
+      RandomDag d = chain ? random_chain(g, seed, 60) : random_dag(g, seed);
+      for (const Var& v : pick(d)) want.push_back(eval(v).clone());
+    }
+    {
+      Graph g;
+      RandomDag d = chain ? random_chain(g, seed, 60) : random_dag(g, seed);
+      ref_peak = backward(d.loss, policy::keep_all()).predicted_peak_bytes;
+      ref_grads = grads_of(d.params);
+    }
+    std::vector<Policy> pols{policy::keep_all(), policy::sqrt_n(), policy::uniform(3), policy::manual(),
+                             policy::budget(ref_peak * 3 / 4)};
+    if (chain) pols.push_back(policy::optimal_chain(3));
+    for (const Policy& pol : pols) {
+      INFO(pol.name());
+      Graph g;
+      RandomDag d = chain ? random_chain(g, seed, 60) : random_dag(g, seed);
+      Report r;
+      try {
+        r = backward_keep(d.loss, pick(d), pol);
+      } catch (const BudgetError&) {
+        continue;
+      } catch (const Error& e) {
+        // optimal_chain refuses a graph that keeping a middle value makes a non-chain
+        CHECK(pol.kind == Policy::Kind::optimal_chain);
+        continue;
+      }
+      REQUIRE(r.values.size() == 2);
+      for (std::size_t i = 0; i < 2; ++i) CHECK(max_abs_diff(r.values[i], want[i]) == 0);
+      check_bitwise(grads_of(d.params), ref_grads);
+      CHECK(r.measured_peak_bytes == r.predicted_peak_bytes);
+      if (pol.kind == Policy::Kind::budget) {
+        CHECK(r.measured_peak_bytes - r.baseline_bytes <= pol.budget_bytes);
+        ++budget_runs;
+      }
+    }
+  }
+  CHECK(budget_runs >= 15);
+}
+
+TEST_CASE("backward_keep: bad keep lists are ad::Errors") {
+  Rng rng(3);
+  Parameter w = Parameter::randn({3, 3}, rng);
+  Graph g, other;
+  Var x = g.input(Tensor::randn({2, 3}, rng));
+  Var h = tanh(matmul(x, w));
+  Var loss = sum(h);
+  CHECK(throws_with([&] { backward_keep(loss, {}); }, "backward_keep: keep is empty"));
+  CHECK(throws_with([&] { backward_keep(loss, {Var{}}); }, "keep[0] is an undefined Var"));
+  CHECK(throws_with([&] { backward_keep(loss, {other.input(Tensor::zeros({1}))}); }, "belongs to another graph"));
+  Report r = backward_keep(loss, {h});
+  CHECK(max_abs_diff(r.values[0], eval(h)) == 0);
+  Var later = mul_scalar(h, 2.0);  // made after the loss's first backward
+  CHECK(throws_with([&] { backward_keep(loss, {later}); }, "was made after the first backward of this loss"));
+}

@@ -49,6 +49,19 @@ Report backward(const Var& loss, const Policy& policy = policy::keep_all(), cons
 // (plan.schedule.predicted_peak_bytes).
 Plan plan_backward(const Var& loss, const Policy& policy = policy::keep_all(), const Var& seed = {});
 
+// backward() that also keeps the values of `keep` — forward values of loss's
+// graph, made before this loss's first backward: a recurrent layer's final
+// states to carry into the next chunk of truncated backpropagation, logits
+// for a metric — computed in the same pass and held to the end (the
+// predicted and measured peaks count them): Report::values[i] is keep[i]'s
+// value as the forward pass computed it, with no second forward. (Reading
+// keep[i].value() after backward() instead may recompute it, and after an
+// optimizer step it would be recomputed from the new parameters.) Throws
+// ad::Error for an empty keep, an undefined Var, one of another graph or one
+// made after the loss's first backward, and as backward() does.
+Report backward_keep(const Var& loss, const std::vector<Var>& keep, const Policy& policy = policy::keep_all(),
+                     const Var& seed = {});
+
 // backward() that also computes the gradient of loss with respect to each
 // Var in `wrt` (graph inputs, typically, or any node of loss's graph) under
 // the same policy, in the same pass: parameters' gradients accumulate as in

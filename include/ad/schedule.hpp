@@ -158,6 +158,7 @@ struct Report {
   double run_ms = 0;
   std::shared_ptr<const Plan> plan;       // for explain(*report.plan)
   std::vector<Tensor> grads;              // backward_wrt: d(loss)/d(wrt[i]), in wrt's order
+  std::vector<Tensor> values;             // backward_keep: the forward pass's values of keep, in keep's order
 };
 
 }  // namespace ad

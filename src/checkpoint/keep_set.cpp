@@ -397,6 +397,23 @@ void reuse_dying_inputs(const Problem& p, Schedule& s) {
   }
 }
 
+std::vector<char> marked_keep(const Problem& p) {
+  std::vector<char> keep(static_cast<std::size_t>(p.hi + 1), 0);
+  bool any = false;
+  for (auto id : p.forward) {
+    if (!p.g.node(id).checkpoint) continue;
+    any = true;
+    // a view marked with ad::checkpoint (a reshape, or attention's output, a
+    // part of the op's buffer) keeps the value it views: a view itself costs
+    // nothing to recompute, its base is what the mark asks to keep
+    std::int32_t base = id;
+    while (op_def(p.g.node(base).op).view) base = p.g.node(base).inputs[0];
+    keep[static_cast<std::size_t>(base)] = 1;
+  }
+  if (!any) keep.clear();
+  return keep;
+}
+
 // The values kept at segment boundaries, one boundary in each window of k
 // values of fs (topological order): after the value i of the window where
 // the fewest bytes cross (values at or before i that a forward node after i

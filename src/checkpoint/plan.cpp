@@ -157,16 +157,7 @@ std::vector<char> keep_mask(const planner::Problem& p, const Policy& pol) {
   switch (pol.kind) {
     case Policy::Kind::keep_all: std::fill(keep.begin(), keep.end(), 1); break;
     case Policy::Kind::manual:
-      for (auto id : fs) keep[static_cast<std::size_t>(id)] = p.g.node(id).checkpoint;
-      // a view marked with ad::checkpoint (a reshape, or attention's output, a
-      // part of the op's buffer) keeps the value it views: a view itself costs
-      // nothing to recompute, its base is what the mark asks to keep
-      for (auto id : p.forward) {
-        if (!p.g.node(id).checkpoint || !op_def(p.g.node(id).op).view) continue;
-        std::int32_t base = id;
-        while (op_def(p.g.node(base).op).view) base = p.g.node(base).inputs[0];
-        keep[static_cast<std::size_t>(base)] = 1;
-      }
+      if (auto marked = planner::marked_keep(p); !marked.empty()) keep = std::move(marked);
       break;
     case Policy::Kind::uniform:  // every k-th value, whatever the structure: the one knob, predictable
       for (std::size_t i = 0; i < fs.size(); ++i)

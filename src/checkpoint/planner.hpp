@@ -109,6 +109,9 @@ std::int64_t keep_set_held_bytes(const Problem& p, const std::vector<char>& keep
 // the values fs (graph order), the boundary where the fewest bytes cross (the
 // latest among equals), and every value crossing a chosen boundary kept.
 std::vector<char> boundary_keep(const Problem& p, const std::vector<std::int32_t>& fs, std::int64_t k);
+// manual()'s keep set: the forward values marked with ad::checkpoint (a
+// marked view keeps the value it views); empty when nothing is marked.
+std::vector<char> marked_keep(const Problem& p);
 
 // Moves each prefetch step before the compute step that precedes it, so the
 // copy overlaps with that compute (the value then occupies the graph's

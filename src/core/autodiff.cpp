@@ -250,25 +250,35 @@ std::vector<std::unique_lock<std::mutex>> lock_params(const Var& loss) {
 }
 }  // namespace
 
-Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
-  check_loss(loss, seed, "backward");
+namespace {
+// The parameters' gradient nodes of `loss` (built once per loss and seed).
+const GraphImpl::GradCacheEntry& param_grads(const Var& loss, const Var& seed, const char* op) {
+  check_loss(loss, seed, op);
   GraphImpl& g = *loss.graph();
   auto it = g.grad_cache.find(loss.id());
   if (it == g.grad_cache.end() || it->second.seed != (seed.defined() ? seed.id() : -1)) {
     std::vector<Var> params = params_of(loss);
     if (params.empty())
-      throw Error(fmt::format("backward: loss {} does not depend on any Parameter (other than through "
+      throw Error(fmt::format("{}: loss {} does not depend on any Parameter (other than through "
                               "detach, a comparison or where's cond, whose gradient is zero); use "
                               "ad::backward_wrt(loss, wrt, policy) or ad::grad(loss, wrt) to differentiate with "
                               "respect to inputs",
-                              loss.str()));
+                              op, loss.str()));
+    const auto first = static_cast<std::int32_t>(g.nodes.size());
     auto grads = grad(loss, params, seed);
-    GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}};
+    GraphImpl::GradCacheEntry e{seed.defined() ? seed.id() : -1, {}, first};
     for (std::size_t i = 0; i < params.size(); ++i)
       e.sinks.push_back({grads[i].id(), Parameter(g.node(params[i].id()).param)});
     it = g.grad_cache.insert_or_assign(loss.id(), std::move(e)).first;
   }
-  return Plan{&g, plan(g, {loss.id()}, it->second.sinks, policy), g.alive};
+  return it->second;
+}
+}  // namespace
+
+Plan plan_backward(const Var& loss, const Policy& policy, const Var& seed) {
+  const GraphImpl::GradCacheEntry& e = param_grads(loss, seed, "backward");
+  GraphImpl& g = *loss.graph();
+  return Plan{&g, plan(g, {loss.id()}, e.sinks, policy), g.alive};
 }
 
 Report backward(const Var& loss, const Policy& policy, const Var& seed) {
@@ -277,6 +287,32 @@ Report backward(const Var& loss, const Policy& policy, const Var& seed) {
   auto p = std::make_shared<Plan>(plan_backward(loss, policy, seed));
   auto t1 = std::chrono::steady_clock::now();
   return run_plan(std::move(p), std::chrono::duration<double, std::milli>(t1 - t0).count());
+}
+
+Report backward_keep(const Var& loss, const std::vector<Var>& keep, const Policy& policy, const Var& seed) {
+  auto locks = lock_params(loss);
+  auto t0 = std::chrono::steady_clock::now();
+  if (keep.empty()) throw Error("backward_keep: keep is empty; use ad::backward");
+  const GraphImpl::GradCacheEntry& e = param_grads(loss, seed, "backward_keep");
+  GraphImpl& g = *loss.graph();
+  std::vector<std::int32_t> targets{loss.id()};
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    const Var& k = keep[i];
+    if (!k.defined()) throw Error(fmt::format("backward_keep: keep[{}] is an undefined Var", i));
+    if (k.graph() != &g)
+      throw Error(fmt::format("backward_keep: keep[{}] {} belongs to another graph than the loss {}", i, k.str(),
+                              loss.str()));
+    if (k.id() >= e.first_grad)
+      throw Error(fmt::format("backward_keep: keep[{}] {} was made after the first backward of this loss (or is one "
+                              "of its gradient nodes); keep only values of the forward pass",
+                              i, k.str()));
+    targets.push_back(k.id());
+  }
+  auto p = std::make_shared<Plan>(Plan{&g, plan(g, targets, e.sinks, policy), g.alive});
+  auto t1 = std::chrono::steady_clock::now();
+  Report r = run_plan(std::move(p), std::chrono::duration<double, std::milli>(t1 - t0).count());
+  for (const Var& k : keep) r.values.push_back(g.node(k.id()).value);
+  return r;
 }
 
 namespace {

@@ -210,7 +210,8 @@ class GraphImpl {
   std::unordered_map<const ParamState*, std::int32_t> param_nodes;
   std::unordered_map<std::int32_t, std::string> names;
   // backward(): loss id -> gradient sinks built for it (reused by later calls)
-  struct GradCacheEntry { std::int32_t seed; std::vector<Sink> sinks; };
+  // first_grad: the first gradient node grad() appended (nodes before it are the forward pass's)
+  struct GradCacheEntry { std::int32_t seed; std::vector<Sink> sinks; std::int32_t first_grad = 0; };
   std::unordered_map<std::int32_t, GradCacheEntry> grad_cache;
   // backward_wrt(): the same, for a (loss, seed, wrt) triple, with the nodes of
   // wrt's gradients (few entries per graph: searched in order)

@@ -81,6 +81,14 @@ void CellParameters::check_step(const Var& x, const Var& h, const char* what) co
   if (!ok)
     throw Error(fmt::format("{}: expected x [B,{}] and {} [B,{}] with the same B, got x {} and {} {}", layer,
                             input_size, what, hidden_size, shape_of(x), what, shape_of(h)));
+  check_operand(x, "x");
+  check_operand(h, what);
+  if (x.graph() != h.graph()) throw Error(fmt::format("{}: x and {} belong to different graphs", layer, what));
+}
+void CellParameters::check_operand(const Var& v, const char* what) const {
+  if (v.dtype() != weight_ih.dtype())
+    throw Error(fmt::format("{}: {} is {} {} but the parameters are {} (cast it, or build the layer with that dtype)",
+                            layer, what, dtype_name(v.dtype()), v.shape(), dtype_name(weight_ih.dtype())));
 }
 Var CellParameters::input_part(const Var& x) const {
   Var y = matmul(x, weight_ih, false, true);
@@ -151,10 +159,15 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, cons
   if (lstm && h0.defined() != c0.defined())
     throw Error(fmt::format("LSTM: give both h0 and c0 {} or neither, got h0 {} and c0 {}", state, shape_of(h0),
                             shape_of(c0)));
-  for (const Var* s : {&h0, &c0})
-    if (s->defined() && s->shape() != state)
-      throw Error(fmt::format("{}: expected {} {} ([num_layers,B,hidden]), got {}", name, s == &h0 ? "h0" : "c0",
-                              state, s->shape()));
+  layers[0].check_operand(x, "x");
+  for (const Var* s : {&h0, &c0}) {
+    if (!s->defined()) continue;
+    const char* what = s == &h0 ? "h0" : "c0";
+    if (s->shape() != state)
+      throw Error(fmt::format("{}: expected {} {} ([num_layers,B,hidden]), got {}", name, what, state, s->shape()));
+    layers[0].check_operand(*s, what);
+    if (s->graph() != x.graph()) throw Error(fmt::format("{}: x and {} belong to different graphs", name, what));
+  }
 
   // with lengths: a constant mask [B, T] in x's dtype and on its device, 1 while step t of sequence b runs
   Var mask;

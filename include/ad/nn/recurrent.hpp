@@ -8,9 +8,13 @@
 // (step t of every layer before step t + 1): the values crossing any point of
 // the unrolled graph are then the layers' states, which is what the
 // rematerialisation policies look for. Backpropagation through T steps keeps
-// every gate of every step under keep_all (about 4-7 hidden-sized values per
-// step and layer); sqrt_n keeps the states at ~sqrt(nodes) boundaries and
-// recomputes the steps between them, and budget(bytes) fits a byte budget.
+// every gate of every step under keep_all (about 8 hidden-sized values per
+// step and layer for a GRU, 9 for an LSTM: bench_rnn); sqrt_n keeps the
+// states at ~sqrt(nodes) boundaries and recomputes the steps between them
+// (0.34-0.39 of keep_all's peak there), and budget(bytes) fits a byte budget.
+// To carry the final states into the next chunk of truncated
+// backpropagation, keep them in the step: ad::backward_keep(loss, {r.h, r.c},
+// policy) returns their forward values (Report::values).
 // The input projection is computed per step (x_t W_ih^T), not for the whole
 // sequence in one product: a [B, T, gates * hidden] product would be one
 // value every step reads, held (or recomputed whole) through all of backward.
@@ -46,9 +50,11 @@ class CellParameters : public Module {
   // ad::Error naming `layer` unless x is [B, input] and h [B, hidden].
   Var input_part(const Var& x) const;
   Var hidden_part(const Var& h) const;
-  // The common shape checks of a cell step (x [B, input], h [B, hidden],
-  // same batch, dtype and graph).
+  // The common checks of a cell step (x [B, input], h [B, hidden], same
+  // batch, the parameters' dtype, one graph), as ad::Errors naming `layer`.
   void check_step(const Var& x, const Var& h, const char* what) const;
+  // v has the parameters' dtype, else an ad::Error naming `layer` and `what`.
+  void check_operand(const Var& v, const char* what) const;
 
   const char* layer = "";
   std::int64_t input_size = 0, hidden_size = 0;
