@@ -319,6 +319,18 @@ TEST_CASE("recurrent layers: bad input is an ad::Error naming the layer and shap
       [&] { lc(g.input(Tensor::zeros({2, 3})), {g.input(Tensor::zeros({2, 4})), g.input(Tensor::zeros({2, 5}))}); },
       "LSTMCell: expected x [B,3] and c [B,4]"));
   CHECK(ad::test::throws_with([&] { nn::RNNCell()(x, x); }, "default-constructed"));
+  // dtypes and graphs, named by the layer
+  CHECK(ad::test::throws_with([&] { gru(g.input(Tensor::zeros({2, 5, 3}, DType::f64))); },
+                              "GRU: x is f64 [2,5,3] but the parameters are f32"));
+  ad::Graph other;
+  CHECK(ad::test::throws_with([&] { gru(x, other.input(Tensor::zeros({1, 2, 4}))); },
+                              "GRU: x and h0 belong to different graphs"));
+  CHECK(ad::test::throws_with([&] { lstm(x, g.input(Tensor::zeros({1, 2, 4})), g.input(Tensor::zeros({1, 2, 4}, DType::f64))); },
+                              "LSTM: c0 is f64"));
+  CHECK(ad::test::throws_with([&] { cell(g.input(Tensor::zeros({2, 3})), other.input(Tensor::zeros({2, 4}))); },
+                              "GRUCell: x and h belong to different graphs"));
+  CHECK(ad::test::throws_with([&] { cell(g.input(Tensor::zeros({2, 3}, DType::f64)), g.input(Tensor::zeros({2, 4}))); },
+                              "GRUCell: x is f64"));
 }
 
 TEST_CASE("backpropagation through time under the policies: same gradients, less memory") {

@@ -19,6 +19,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -114,6 +115,8 @@ int main(int argc, char** argv) {
             ad::Graph g;
             ad::Var loss = ad::mse(head(net(g.input(x)).output), g.input(y));
             const ad::Report rep = ad::backward(loss, pol);
+            if (std::getenv("BENCH_RNN_TRACE"))
+              std::fprintf(stderr, "  step: plan %.1f ms (cached %d) run %.1f ms\n", rep.plan_ms, int(rep.plan_cached), rep.run_ms);
             if (rep.measured_peak_bytes != rep.predicted_peak_bytes)
               throw ad::Error(fmt::format("{} T={} {}: measured peak {} B, predicted {} B", cell, T, pol.name(),
                                           rep.measured_peak_bytes, rep.predicted_peak_bytes));
