@@ -135,6 +135,32 @@ void elementwise(CaseList& c, Rng& rng) {
     c.add(OpId::clamp, fmt::format("[4,5] to [{}, {}]", lo, hi), {x},
           [lo, hi](const std::vector<Var>& v) { return clamp(v[0], lo, hi); });
   }
+  // the activations' backward ops (y or x, dy): their own gradients are the second derivatives
+  {
+    auto bwd = [](OpId op) { return [op](const std::vector<Var>& v) { return make_node(op, {v[0], v[1]}); }; };
+    for (const Shape& s : {Shape{3, 4}, Shape{2, 3, 2}, Shape{7}}) {
+      c.add(OpId::tanh_backward, "y in (-0.9, 0.9) " + s.str(), {uniform64(s, rng, -0.9, 0.9), randn64(s, rng)},
+            bwd(OpId::tanh_backward));
+      c.add(OpId::sigmoid_backward, "y in (0.05, 0.95) " + s.str(), {uniform64(s, rng, 0.05, 0.95), randn64(s, rng)},
+            bwd(OpId::sigmoid_backward));
+      c.add(OpId::relu_backward, "y away from 0 " + s.str(), {away_from_zero(s, rng), randn64(s, rng)},
+            bwd(OpId::relu_backward));
+      c.add(OpId::gelu_backward, s.str(), {randn64(s, rng, 0, 2), randn64(s, rng)}, bwd(OpId::gelu_backward));
+      c.add(OpId::silu_backward, s.str(), {randn64(s, rng, 0, 2), randn64(s, rng)}, bwd(OpId::silu_backward));
+    }
+    const double big = std::numeric_limits<double>::infinity();
+    for (const auto& bounds : {std::pair<double, double>{-0.5, 0.5}, {-big, 0.5}, {-1.0, big}}) {
+      Tensor x = grid({4, 5}, 0.2);
+      double* p = x.data<double>();
+      for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = p[i] * 0.5 + 0.025;  // away from the bounds, as clamp's
+      Attrs at;
+      at.scalar = bounds.first;
+      at.scalar2 = bounds.second;
+      c.add(OpId::clamp_backward, fmt::format("[4,5] to [{}, {}]", bounds.first, bounds.second),
+            {x, randn64({4, 5}, rng)},
+            [at](const std::vector<Var>& v) { return make_node(OpId::clamp_backward, {v[0], v[1]}, at); });
+    }
+  }
   for (const Bn& b : binary)
     for (const auto& [sa, sb] : shapes) {
       auto fn = b.fn;

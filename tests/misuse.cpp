@@ -415,32 +415,29 @@ TEST_CASE("misuse: Tensor construction and access") {
 
 TEST_CASE("misuse: double backward through an op with no backward rule") {
   ad::Graph g;
-  ad::Var x = g.input(randn({3, 4}, ad::DType::f64));
-  ad::Var y = ad::sum(ad::tanh(x));
-  ad::Var gx = ad::grad(y, {x})[0];  // contains tanh_backward
-  ad::Var z = ad::sum(ad::mul(gx, gx));
-  EXPECT_ERROR(ad::grad(z, {x}), "grad", "tanh_backward", "no backward rule", "f64[3,4]", "double backward");
+  ad::Var x = g.input(randn({2, 4}, ad::DType::f64));
+  ad::Var gs = ad::grad(ad::sum(ad::mul(ad::softmax(x), x)), {x})[0];  // contains softmax_backward
+  ad::Var z = ad::sum(ad::mul(gs, gs));
+  EXPECT_ERROR(ad::grad(z, {x}), "grad", "softmax_backward", "no backward rule", "f64[2,4]", "double backward");
   // the graph is still usable
   CHECK(std::isfinite(ad::eval(z).item()));
 
-  // the same through backward() and a Parameter, for the other fused rules
+  // the activations' backward ops do have rules (docs/design.md): a gradient
+  // penalty through each reaches the Parameter behind it
   ad::Rng rng(3);
-  ad::Parameter w = ad::Parameter::randn({4, 4}, rng, 1.0, ad::DType::f64);
   struct Case { const char* name; ad::Var (*f)(const ad::Operand&); };
   for (Case c : {Case{"relu_backward", ad::relu}, Case{"sigmoid_backward", ad::sigmoid}, Case{"gelu_backward", ad::gelu},
                  Case{"silu_backward", ad::silu}, Case{"tanh_backward", ad::tanh}}) {
+    CAPTURE(c.name);
+    ad::Parameter w = ad::Parameter::randn({4, 4}, rng, 1.0, ad::DType::f64);
     ad::Graph h;
     ad::Var xin = h.input(randn({2, 4}, ad::DType::f64));
     ad::Var hw = ad::matmul(xin, w);
-    ad::Var gh = ad::grad(ad::sum(c.f(hw)), {hw})[0];
-    EXPECT_ERROR(ad::backward(ad::sum(ad::mul(gh, gh))), c.name, "no backward rule");
+    ad::Var gx = ad::grad(ad::sum(c.f(hw)), {xin})[0];
+    ad::backward(ad::sum(ad::mul(gx, gx)));
+    REQUIRE(w.has_grad());
+    for (double v : w.grad().to_vector()) CHECK(std::isfinite(v));
   }
-  CHECK_FALSE(w.has_grad());
-  // softmax / log_softmax / cross_entropy double backward
-  ad::Graph h;
-  ad::Var xin = h.input(randn({2, 4}, ad::DType::f64));
-  ad::Var gs = ad::grad(ad::sum(ad::mul(ad::softmax(xin), xin)), {xin})[0];
-  EXPECT_ERROR(ad::grad(ad::sum(gs), {xin}), "softmax_backward", "no backward rule");
 }
 
 TEST_CASE("empty tensors: what works") {

@@ -622,3 +622,41 @@ TEST_CASE("budget plans any budget the layer's checkpoint marks meet") {
   CHECK_THROWS_AS(ad::backward(ad::mean(unmarked(g.input(x)).output), ad::policy::budget(manual.predicted_peak_bytes)),
                   ad::BudgetError);
 }
+
+TEST_CASE("recurrent layers are twice differentiable: a gradient penalty's gradient against central differences") {
+  // penalty(W) = |d/dx sum(output * w)|^2 through a GRU and an LSTM (sigmoid,
+  // tanh: their backward ops have backward rules); its gradient with respect
+  // to weight_hh, from ad::grad twice, against central differences of the
+  // penalty itself (computed with one ad::grad, checked above)
+  for (nn::CellKind kind : {nn::CellKind::gru, nn::CellKind::lstm}) {
+    CAPTURE(kind_str(kind));
+    ad::Rng rng(61);
+    const std::int64_t B = 2, T = 3, I = 2, H = 3;
+    nn::RNNOptions o;
+    o.dtype = DType::f64;
+    nn::Recurrent m(kind, I, H, rng, o);
+    const Tensor x = ad::test::randn64({B, T, I}, rng), w = ad::test::randn64({B, T, H}, rng);
+    auto penalty = [&](ad::Graph& g) {
+      ad::Var xv = g.input(x);
+      ad::Var f = ad::sum(ad::mul(m(xv).output, g.input(w)));
+      ad::Var gx = ad::grad(f, {xv})[0];
+      return ad::sum(ad::mul(gx, gx));
+    };
+    ad::Graph g;
+    ad::Var pen = penalty(g);
+    const std::vector<double> got = ad::eval(ad::grad(pen, {g.param(m.layers[0].weight_hh)})[0]).to_vector();
+    Tensor& wv = m.layers[0].weight_hh.value();
+    double* wp = wv.data<double>();
+    for (std::int64_t i = 0; i < wv.numel(); ++i) {
+      const double keep = wp[i];
+      wp[i] = keep + 1e-6;
+      ad::Graph gu;
+      const double up = ad::eval(penalty(gu)).item();
+      wp[i] = keep - 1e-6;
+      ad::Graph gd;
+      const double down = ad::eval(penalty(gd)).item();
+      wp[i] = keep;
+      CHECK(got[static_cast<std::size_t>(i)] == doctest::Approx((up - down) / 2e-6).epsilon(1e-6).scale(1));
+    }
+  }
+}

@@ -17,7 +17,7 @@ namespace ad {
 //   shape and dtype) is given; otherwise ad::Error.
 // - A w that loss does not depend on gets a zero gradient (a constant node).
 // - Throws ad::Error if the gradient has to flow through an op that has no
-//   backward rule (e.g. double backward through tanh_backward).
+//   backward rule (e.g. double backward through softmax_backward).
 std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& seed = {});
 
 // Computes loss and the gradient of loss with respect to every Parameter it

@@ -39,7 +39,6 @@ AD_CUDA_ONLY(template <class F> void unary_cuda(const KernelArgs& k, F f) {
 })
 Var un(OpId op, const Operand& x) { return make_node(op, {x}); }
 Var un_s(OpId op, const Operand& x, double s) { Attrs at; at.scalar = s; return make_node(op, {x}, at); }
-constexpr const char* kDoubleBackward = "double backward is not supported";
 }  // namespace
 
 // ---- neg ----  d/dx (-x) = -1
@@ -103,8 +102,14 @@ void tanh_backward_cpu(const KernelArgs& k) {
   binary_same(k, "tanh_backward", pw::TanhBackward{});
 }
 AD_CUDA_ONLY(void tanh_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::TanhBackward{}); })
+// double backward: d/dy = -2 g dy y, d/d(dy) = tanh_backward(y, g)
+void tanh_backward_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = mul_scalar(mul(mul(a.dout, a.in[1]), a.in[0]), -2.0);
+  if (a.needs[1]) a.grad[1] = make_node(OpId::tanh_backward, {a.in[0], a.dout});
+}
 const OpDef op_def_tanh_backward{.name = "tanh_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = tanh_backward_cpu, .cuda = AD_CUDA_FN(tanh_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                 .cpu = tanh_backward_cpu, .cuda = AD_CUDA_FN(tanh_backward_cuda),
+                                 .backward = tanh_backward_bwd, .overwrites = 0b11};
 
 // ---- sigmoid ----  d/dx s = s (1 - s); saves output
 void sigmoid_cpu(const KernelArgs& k) { unary(k, "sigmoid", pw::Sigmoid{}); }
@@ -118,9 +123,14 @@ void sigmoid_backward_cpu(const KernelArgs& k) {
   binary_same(k, "sigmoid_backward", pw::SigmoidBackward{});
 }
 AD_CUDA_ONLY(void sigmoid_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::SigmoidBackward{}); })
+// double backward: d/dy = g dy (1 - 2y), d/d(dy) = sigmoid_backward(y, g)
+void sigmoid_backward_bwd(BackwardArgs& a) {
+  if (a.needs[0]) a.grad[0] = mul(mul(a.dout, a.in[1]), rsub_scalar(mul_scalar(a.in[0], 2.0), 1.0));
+  if (a.needs[1]) a.grad[1] = make_node(OpId::sigmoid_backward, {a.in[0], a.dout});
+}
 const OpDef op_def_sigmoid_backward{.name = "sigmoid_backward", .args = "y,dy", .arity = 2,
                                     .infer = infer_float2_same, .cpu = sigmoid_backward_cpu, .cuda = AD_CUDA_FN(sigmoid_backward_cuda),
-                                    .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                    .backward = sigmoid_backward_bwd, .overwrites = 0b11};
 
 // ---- relu ----  d/dx = [x > 0] = [y > 0]; saves output
 void relu_cpu(const KernelArgs& k) {
@@ -136,8 +146,13 @@ void relu_backward_cpu(const KernelArgs& k) {
   binary_same(k, "relu_backward", pw::ReluBackward{});
 }
 AD_CUDA_ONLY(void relu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::ReluBackward{}); })
+// double backward: the mask [y > 0] is piecewise constant (zero gradient to y); d/d(dy) = relu_backward(y, g)
+void relu_backward_bwd(BackwardArgs& a) {
+  if (a.needs[1]) a.grad[1] = make_node(OpId::relu_backward, {a.in[0], a.dout});
+}
 const OpDef op_def_relu_backward{.name = "relu_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = relu_backward_cpu, .cuda = AD_CUDA_FN(relu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                 .cpu = relu_backward_cpu, .cuda = AD_CUDA_FN(relu_backward_cuda),
+                                 .backward = relu_backward_bwd, .overwrites = 0b11};
 
 // ---- gelu ----  x Phi(x); d/dx = Phi(x) + x phi(x); saves input
 void gelu_cpu(const KernelArgs& k) { unary(k, "gelu", pw::Gelu{}); }
@@ -150,8 +165,20 @@ void gelu_backward_cpu(const KernelArgs& k) {
   binary_same(k, "gelu_backward", pw::GeluBackward{});
 }
 AD_CUDA_ONLY(void gelu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::GeluBackward{}); })
+// double backward: gelu''(x) = phi(x) (2 - x^2), phi the standard normal density;
+// d/dx = g dy gelu''(x), d/d(dy) = gelu_backward(x, g)
+void gelu_backward_bwd(BackwardArgs& a) {
+  if (a.needs[0]) {
+    const Var& x = a.in[0];
+    const Var x2 = mul(x, x);
+    const Var phi = mul_scalar(exp(mul_scalar(x2, -0.5)), 0.3989422804014327);  // 1 / sqrt(2 pi)
+    a.grad[0] = mul(mul(a.dout, a.in[1]), mul(phi, rsub_scalar(x2, 2.0)));
+  }
+  if (a.needs[1]) a.grad[1] = make_node(OpId::gelu_backward, {a.in[0], a.dout});
+}
 const OpDef op_def_gelu_backward{.name = "gelu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = gelu_backward_cpu, .cuda = AD_CUDA_FN(gelu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                 .cpu = gelu_backward_cpu, .cuda = AD_CUDA_FN(gelu_backward_cuda),
+                                 .backward = gelu_backward_bwd, .overwrites = 0b11};
 
 // ---- silu ----  x s(x); d/dx = s (1 + x (1 - s)); saves input
 void silu_cpu(const KernelArgs& k) { unary(k, "silu", pw::Silu{}); }
@@ -164,8 +191,21 @@ void silu_backward_cpu(const KernelArgs& k) {
   binary_same(k, "silu_backward", pw::SiluBackward{});
 }
 AD_CUDA_ONLY(void silu_backward_cuda(const KernelArgs& k) { binary_same_cuda(k, pw::SiluBackward{}); })
+// double backward: silu''(x) = s (1 - s) (2 + x (1 - 2s)), s = sigmoid(x);
+// d/dx = g dy silu''(x), d/d(dy) = silu_backward(x, g)
+void silu_backward_bwd(BackwardArgs& a) {
+  if (a.needs[0]) {
+    const Var& x = a.in[0];
+    const Var s = sigmoid(x);
+    const Var ds = mul(s, rsub_scalar(s, 1.0));
+    const Var second = mul(ds, add_scalar(mul(x, rsub_scalar(mul_scalar(s, 2.0), 1.0)), 2.0));
+    a.grad[0] = mul(mul(a.dout, a.in[1]), second);
+  }
+  if (a.needs[1]) a.grad[1] = make_node(OpId::silu_backward, {a.in[0], a.dout});
+}
 const OpDef op_def_silu_backward{.name = "silu_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
-                                 .cpu = silu_backward_cpu, .cuda = AD_CUDA_FN(silu_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                 .cpu = silu_backward_cpu, .cuda = AD_CUDA_FN(silu_backward_cuda),
+                                 .backward = silu_backward_bwd, .overwrites = 0b11};
 
 // ---- sin ----  d/dx sin x = cos x; saves input
 void sin_cpu(const KernelArgs& k) { unary(k, "sin", pw::Sin{}); }
@@ -208,8 +248,13 @@ void clamp_backward_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void clamp_backward_cuda(const KernelArgs& k) {
   binary_same_cuda(k, pw::ClampBackward{k.attrs.scalar, k.attrs.scalar2});
 })
+// double backward: the mask [lo <= x <= hi] is piecewise constant; d/d(dy) = clamp_backward(x, g)
+void clamp_backward_bwd(BackwardArgs& a) {
+  if (a.needs[1]) a.grad[1] = make_node(OpId::clamp_backward, {a.in[0], a.dout}, a.attrs);
+}
 const OpDef op_def_clamp_backward{.name = "clamp_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
-                                  .cpu = clamp_backward_cpu, .cuda = AD_CUDA_FN(clamp_backward_cuda), .no_grad = kDoubleBackward, .overwrites = 0b11};
+                                  .cpu = clamp_backward_cpu, .cuda = AD_CUDA_FN(clamp_backward_cuda),
+                                  .backward = clamp_backward_bwd, .overwrites = 0b11};
 
 // ---- add_scalar ----  x + s; d/dx = 1
 void add_scalar_cpu(const KernelArgs& k) {
