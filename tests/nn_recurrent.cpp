@@ -28,75 +28,89 @@ struct RefLayer {
 struct RefModel {
   nn::CellKind kind;
   std::int64_t in = 0, H = 0;
-  bool relu = false;
-  std::vector<RefLayer> layers;
+  bool relu = false, bidirectional = false;
+  std::vector<RefLayer> layers;  // per layer and direction: [l * directions + d]
 };
 struct RefOut {
-  std::vector<double> output, h, c;  // [B, T, H], [L, B, H], [L, B, H] (LSTM)
+  std::vector<double> output, h, c;  // [B, T, D H], [L D, B, H], [L D, B, H] (LSTM)
 };
 double sigm(double v) { return 1 / (1 + std::exp(-v)); }
 
-// lengths (empty: all T): sequence b runs lengths[b] steps, then its states
-// stay and its outputs are 0; its padding is never read.
+// One cell step: state h (and c, LSTM) updated in place from input `in`.
+void ref_step(const RefModel& m, const RefLayer& p, const std::vector<double>& in, double* h, double* c) {
+  const std::int64_t H = m.H, G = m.kind == nn::CellKind::rnn ? 1 : m.kind == nn::CellKind::gru ? 3 : 4;
+  const auto I = static_cast<std::int64_t>(in.size());
+  std::vector<double> gi(static_cast<std::size_t>(G * H)), gh(gi.size());
+  for (std::int64_t j = 0; j < G * H; ++j) {
+    double si = p.bih.empty() ? 0 : p.bih[static_cast<std::size_t>(j)];
+    double sh = p.bhh.empty() ? 0 : p.bhh[static_cast<std::size_t>(j)];
+    for (std::int64_t k = 0; k < I; ++k) si += p.wih[static_cast<std::size_t>(j * I + k)] * in[static_cast<std::size_t>(k)];
+    for (std::int64_t k = 0; k < H; ++k) sh += p.whh[static_cast<std::size_t>(j * H + k)] * h[k];
+    gi[static_cast<std::size_t>(j)] = si, gh[static_cast<std::size_t>(j)] = sh;
+  }
+  auto at = [&](const std::vector<double>& v, std::int64_t g, std::int64_t j) { return v[static_cast<std::size_t>(g * H + j)]; };
+  std::vector<double> hn(static_cast<std::size_t>(H));
+  for (std::int64_t j = 0; j < H; ++j) {
+    const auto ju = static_cast<std::size_t>(j);
+    if (m.kind == nn::CellKind::rnn) {
+      const double v = at(gi, 0, j) + at(gh, 0, j);
+      hn[ju] = m.relu ? std::max(v, 0.0) : std::tanh(v);
+    } else if (m.kind == nn::CellKind::gru) {
+      const double rr = sigm(at(gi, 0, j) + at(gh, 0, j)), z = sigm(at(gi, 1, j) + at(gh, 1, j));
+      const double n = std::tanh(at(gi, 2, j) + rr * at(gh, 2, j));
+      hn[ju] = (1 - z) * n + z * h[j];
+    } else {
+      const double i = sigm(at(gi, 0, j) + at(gh, 0, j)), f = sigm(at(gi, 1, j) + at(gh, 1, j));
+      const double g = std::tanh(at(gi, 2, j) + at(gh, 2, j)), o = sigm(at(gi, 3, j) + at(gh, 3, j));
+      c[j] = f * c[j] + i * g;
+      hn[ju] = o * std::tanh(c[j]);
+    }
+  }
+  for (std::int64_t j = 0; j < H; ++j) h[j] = hn[static_cast<std::size_t>(j)];
+}
+
+// Layer by layer, one sequence at a time. lengths (empty: all T): sequence
+// b runs lengths[b] steps (the reverse direction from step lengths[b] - 1),
+// then its states stay and its outputs are 0; its padding is never read.
 RefOut reference(const RefModel& m, const std::vector<double>& x, std::int64_t B, std::int64_t T,
                  const std::vector<double>& h0, const std::vector<double>& c0,
                  const std::vector<std::int64_t>& lengths = {}) {
-  const std::int64_t L = static_cast<std::int64_t>(m.layers.size()), H = m.H;
-  const std::int64_t G = m.kind == nn::CellKind::rnn ? 1 : m.kind == nn::CellKind::gru ? 3 : 4;
-  std::vector<double> h(static_cast<std::size_t>(L * B * H), 0.0), c = h;
+  const std::int64_t D = m.bidirectional ? 2 : 1, S = static_cast<std::int64_t>(m.layers.size()), L = S / D, H = m.H;
+  std::vector<double> h(static_cast<std::size_t>(S * B * H), 0.0), c = h;
   if (!h0.empty()) h = h0;
   if (!c0.empty()) c = c0;
   RefOut r;
-  r.output.assign(static_cast<std::size_t>(B * T * H), 0.0);
-  for (std::int64_t t = 0; t < T; ++t)
-    for (std::int64_t b = 0; b < B; ++b) {
-      if (!lengths.empty() && t >= lengths[static_cast<std::size_t>(b)]) continue;
-      std::vector<double> in(x.begin() + (b * T + t) * m.in, x.begin() + (b * T + t + 1) * m.in);
-      for (std::int64_t l = 0; l < L; ++l) {
-        const RefLayer& p = m.layers[static_cast<std::size_t>(l)];
-        const auto I = static_cast<std::int64_t>(in.size());
-        double* hl = &h[static_cast<std::size_t>((l * B + b) * H)];
-        double* cl = &c[static_cast<std::size_t>((l * B + b) * H)];
-        std::vector<double> gi(static_cast<std::size_t>(G * H)), gh(gi.size());
-        for (std::int64_t j = 0; j < G * H; ++j) {
-          double si = p.bih.empty() ? 0 : p.bih[static_cast<std::size_t>(j)];
-          double sh = p.bhh.empty() ? 0 : p.bhh[static_cast<std::size_t>(j)];
-          for (std::int64_t k = 0; k < I; ++k) si += p.wih[static_cast<std::size_t>(j * I + k)] * in[static_cast<std::size_t>(k)];
-          for (std::int64_t k = 0; k < H; ++k) sh += p.whh[static_cast<std::size_t>(j * H + k)] * hl[k];
-          gi[static_cast<std::size_t>(j)] = si, gh[static_cast<std::size_t>(j)] = sh;
+  r.output.assign(static_cast<std::size_t>(B * T * D * H), 0.0);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t len = lengths.empty() ? T : lengths[static_cast<std::size_t>(b)];
+    std::vector<std::vector<double>> seq(static_cast<std::size_t>(len));
+    for (std::int64_t t = 0; t < len; ++t)
+      seq[static_cast<std::size_t>(t)].assign(x.begin() + (b * T + t) * m.in, x.begin() + (b * T + t + 1) * m.in);
+    for (std::int64_t l = 0; l < L; ++l) {
+      std::vector<std::vector<double>> out(static_cast<std::size_t>(len), std::vector<double>(static_cast<std::size_t>(D * H)));
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::int64_t sl = l * D + d;
+        double* hs = &h[static_cast<std::size_t>((sl * B + b) * H)];
+        double* cs = &c[static_cast<std::size_t>((sl * B + b) * H)];
+        for (std::int64_t k = 0; k < len; ++k) {
+          const std::int64_t t = d == 0 ? k : len - 1 - k;
+          ref_step(m, m.layers[static_cast<std::size_t>(sl)], seq[static_cast<std::size_t>(t)], hs, cs);
+          std::copy(hs, hs + H, out[static_cast<std::size_t>(t)].begin() + d * H);
         }
-        auto at = [&](const std::vector<double>& v, std::int64_t g, std::int64_t j) {
-          return v[static_cast<std::size_t>(g * H + j)];
-        };
-        std::vector<double> hn(static_cast<std::size_t>(H));
-        for (std::int64_t j = 0; j < H; ++j) {
-          const auto ju = static_cast<std::size_t>(j);
-          if (m.kind == nn::CellKind::rnn) {
-            const double v = at(gi, 0, j) + at(gh, 0, j);
-            hn[ju] = m.relu ? std::max(v, 0.0) : std::tanh(v);
-          } else if (m.kind == nn::CellKind::gru) {
-            const double rr = sigm(at(gi, 0, j) + at(gh, 0, j)), z = sigm(at(gi, 1, j) + at(gh, 1, j));
-            const double n = std::tanh(at(gi, 2, j) + rr * at(gh, 2, j));
-            hn[ju] = (1 - z) * n + z * hl[j];
-          } else {
-            const double i = sigm(at(gi, 0, j) + at(gh, 0, j)), f = sigm(at(gi, 1, j) + at(gh, 1, j));
-            const double g = std::tanh(at(gi, 2, j) + at(gh, 2, j)), o = sigm(at(gi, 3, j) + at(gh, 3, j));
-            cl[j] = f * cl[j] + i * g;
-            hn[ju] = o * std::tanh(cl[j]);
-          }
-        }
-        for (std::int64_t j = 0; j < H; ++j) hl[j] = hn[static_cast<std::size_t>(j)];
-        in = hn;
       }
-      for (std::int64_t j = 0; j < H; ++j) r.output[static_cast<std::size_t>((b * T + t) * H + j)] = in[static_cast<std::size_t>(j)];
+      seq = out;
     }
+    for (std::int64_t t = 0; t < len; ++t)
+      std::copy(seq[static_cast<std::size_t>(t)].begin(), seq[static_cast<std::size_t>(t)].end(),
+                r.output.begin() + (b * T + t) * D * H);
+  }
   r.h = h;
   if (m.kind == nn::CellKind::lstm) r.c = c;
   return r;
 }
 
 RefModel ref_of(const nn::Recurrent& m) {
-  RefModel r{m.kind, m.input_size, m.hidden_size, m.nonlinearity == nn::RNNNonlinearity::relu, {}};
+  RefModel r{m.kind, m.input_size, m.hidden_size, m.nonlinearity == nn::RNNNonlinearity::relu, m.bidirectional, {}};
   for (const auto& p : m.layers) {
     RefLayer l{p.weight_ih.value().to_vector(), p.weight_hh.value().to_vector(), {}, {}};
     if (p.bias_ih.defined()) l.bih = p.bias_ih.value().to_vector(), l.bhh = p.bias_hh.value().to_vector();
@@ -122,26 +136,28 @@ const char* kind_str(nn::CellKind k) {
 
 TEST_CASE("RNN, GRU and LSTM sequences match a plain-loop reference (values and every gradient)") {
   for (nn::CellKind kind : {nn::CellKind::rnn, nn::CellKind::gru, nn::CellKind::lstm})
-    for (int variant = 0; variant < 3; ++variant) {
-      // variant 0: one layer, zero initial state; 1: two layers with h0 (and c0), no bias; 2: relu RNN / 3 layers
+    for (int variant = 0; variant < 5; ++variant) {
+      // variant 0: one layer, zero initial state; 1: two layers with h0 (and c0), no bias; 2: relu RNN / 3 layers;
+      // 3: bidirectional, one layer; 4: bidirectional, two layers with h0 (and c0), no bias
       CAPTURE(kind_str(kind));
       CAPTURE(variant);
       ad::Rng rng(100 + static_cast<std::uint64_t>(variant));
       const std::int64_t B = 2, T = 5, I = 3, H = 4;
       nn::RNNOptions o;
       o.dtype = DType::f64;
-      o.num_layers = variant == 0 ? 1 : variant == 1 ? 2 : 3;
-      o.bias = variant != 1;
+      o.num_layers = variant == 0 || variant == 3 ? 1 : variant == 2 ? 3 : 2;
+      o.bias = variant != 1 && variant != 4;
+      o.bidirectional = variant >= 3;
       if (variant == 2) o.nonlinearity = nn::RNNNonlinearity::relu;
       nn::Recurrent m(kind, I, H, rng, o);
-      const std::int64_t L = o.num_layers;
+      const std::int64_t D = o.bidirectional ? 2 : 1, L = o.num_layers * D, HO = D * H;
       std::vector<double> x = ad::test::randn64({B, T, I}, rng).to_vector(), h0, c0;
-      if (variant == 1) {
+      if (variant == 1 || variant == 4) {
         h0 = ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector();
         if (kind == nn::CellKind::lstm) c0 = ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector();
       }
       // weights of the loss: sum(output * wo) + sum(h * wh) (+ sum(c * wc))
-      const std::vector<double> wo = ad::test::randn64({B, T, H}, rng).to_vector(),
+      const std::vector<double> wo = ad::test::randn64({B, T, HO}, rng).to_vector(),
                                 wh = ad::test::randn64({L, B, H}, rng).to_vector(),
                                 wc = ad::test::randn64({L, B, H}, rng).to_vector();
       auto ref_loss = [&](const RefModel& rm, const std::vector<double>& xs, const std::vector<double>& h0s,
@@ -161,11 +177,11 @@ TEST_CASE("RNN, GRU and LSTM sequences match a plain-loop reference (values and 
       nn::RNNResult out = m(xv, h0v, c0v);
       const RefModel rm = ref_of(m);
       const RefOut want = reference(rm, x, B, T, h0, c0);
-      REQUIRE(out.output.shape() == Shape{B, T, H});
+      REQUIRE(out.output.shape() == Shape{B, T, HO});
       REQUIRE(out.h.shape() == Shape{L, B, H});
       check_close(out.output.value().to_vector(), want.output, 1e-12);
       check_close(out.h.value().to_vector(), want.h, 1e-12);
-      ad::Var loss = ad::sum(ad::mul(out.output, g.input(f64(wo, {B, T, H})))) +
+      ad::Var loss = ad::sum(ad::mul(out.output, g.input(f64(wo, {B, T, HO})))) +
                      ad::sum(ad::mul(out.h, g.input(f64(wh, {L, B, H}))));
       if (kind == nn::CellKind::lstm) {
         check_close(out.c.value().to_vector(), want.c, 1e-12);
@@ -268,6 +284,18 @@ TEST_CASE("recurrent parameters: PyTorch's names, layouts and init bounds") {
     CHECK(ps[i].second.shape() == want[i].second);
     for (double v : ps[i].second.value().to_vector()) CHECK(std::fabs(v) <= 1 / std::sqrt(8.0));
   }
+  // bidirectional: "_reverse" after each layer's forward direction; layer 1 reads both directions
+  nn::RNNOptions bo = o;
+  bo.bidirectional = true;
+  const nn::NamedParameters bp = nn::GRU(3, 8, rng, bo).named_parameters();
+  REQUIRE(bp.size() == 16);
+  CHECK(bp[4].first == "weight_ih_l0_reverse");
+  CHECK(bp[4].second.shape() == Shape{24, 3});
+  CHECK(bp[7].first == "bias_hh_l0_reverse");
+  CHECK(bp[8].first == "weight_ih_l1");
+  CHECK(bp[8].second.shape() == Shape{24, 16});
+  CHECK(bp[12].first == "weight_ih_l1_reverse");
+  CHECK(bp[12].second.shape() == Shape{24, 16});
   nn::RNNOptions nb;
   nb.bias = false;
   nn::LSTM lstm(3, 4, rng, nb);
@@ -440,13 +468,16 @@ TEST_CASE("slice gradients: repeated ranges, gaps, overlaps and two axes sum cor
 }
 
 TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding never read") {
-  for (nn::CellKind kind : {nn::CellKind::gru, nn::CellKind::lstm, nn::CellKind::rnn}) {
+  for (nn::CellKind kind : {nn::CellKind::gru, nn::CellKind::lstm, nn::CellKind::rnn})
+  for (bool bi : {false, true}) {
     CAPTURE(kind_str(kind));
+    CAPTURE(bi);
     ad::Rng rng(21);
-    const std::int64_t B = 3, T = 6, I = 2, H = 3, L = 2;
+    const std::int64_t B = 3, T = 6, I = 2, H = 3, L = bi ? 4 : 2, HO = bi ? 2 * H : H;  // L: state slots
     nn::RNNOptions o;
     o.dtype = DType::f64;
-    o.num_layers = L;
+    o.num_layers = 2;
+    o.bidirectional = bi;
     nn::Recurrent m(kind, I, H, rng, o);
     const std::vector<std::int64_t> lens{6, 3, 0};
     std::vector<double> x = ad::test::randn64({B, T, I}, rng).to_vector();
@@ -456,7 +487,7 @@ TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding 
     const std::vector<double> h0 = ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector(),
                               c0 = kind == nn::CellKind::lstm ? ad::test::randn64({L, B, H}, rng, 0, 0.5).to_vector()
                                                               : std::vector<double>{};
-    const std::vector<double> wo = ad::test::randn64({B, T, H}, rng).to_vector(),
+    const std::vector<double> wo = ad::test::randn64({B, T, HO}, rng).to_vector(),
                               wh = ad::test::randn64({L, B, H}, rng).to_vector();
     ad::Graph g;
     ad::Var xv = g.input(f64(x, {B, T, I})), h0v = g.input(f64(h0, {L, B, H})),
@@ -467,7 +498,7 @@ TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding 
     check_close(out.output.value().to_vector(), want.output, 1e-12);
     check_close(out.h.value().to_vector(), want.h, 1e-12);  // sequence 2 (length 0) keeps h0
     if (!c0.empty()) check_close(out.c.value().to_vector(), want.c, 1e-12);
-    ad::Var loss = ad::sum(ad::mul(out.output, g.input(f64(wo, {B, T, H})))) +
+    ad::Var loss = ad::sum(ad::mul(out.output, g.input(f64(wo, {B, T, HO})))) +
                    ad::sum(ad::mul(out.h, g.input(f64(wh, {L, B, H}))));
     m.zero_grad();
     const ad::Report rep = ad::backward_wrt(loss, {xv, h0v});

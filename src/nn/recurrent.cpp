@@ -122,7 +122,7 @@ LSTMState LSTMCell::operator()(const Var& x, const LSTMState& s) const {
 // ---- sequence modules ----
 Recurrent::Recurrent(CellKind k, std::int64_t in, std::int64_t hidden, Rng& rng, RNNOptions o)
     : kind(k), input_size(in), hidden_size(hidden), num_layers(o.num_layers), checkpoint_every(o.checkpoint_every),
-      nonlinearity(o.nonlinearity) {
+      bidirectional(o.bidirectional), nonlinearity(o.nonlinearity) {
   const char* name = kind_name(k);
   detail::check_positive(name, "num_layers", o.num_layers);
   if (o.checkpoint_every < 0)
@@ -131,17 +131,20 @@ Recurrent::Recurrent(CellKind k, std::int64_t in, std::int64_t hidden, Rng& rng,
   co.bias = o.bias;
   co.dtype = o.dtype;
   co.nonlinearity = o.nonlinearity;
-  // torch.nn.RNN & co. draw each layer's weight_ih, weight_hh, bias_ih, bias_hh in turn, all ~ U(+-1/sqrt(hidden))
+  // torch.nn.RNN & co. draw each layer's (and direction's) weight_ih, weight_hh, bias_ih, bias_hh in turn, all
+  // ~ U(+-1/sqrt(hidden)); a layer above the first reads both directions of the one below
+  const std::int64_t D = o.bidirectional ? 2 : 1;
   for (std::int64_t l = 0; l < o.num_layers; ++l)
-    layers.emplace_back(name, gate_count(k), l == 0 ? in : hidden, hidden, rng, co);
+    for (std::int64_t d = 0; d < D; ++d) layers.emplace_back(name, gate_count(k), l == 0 ? in : D * hidden, hidden, rng, co);
 }
 void Recurrent::visit(Visitor& v) const {
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    const std::string s = "_l" + std::to_string(l);
-    v.parameter("weight_ih" + s, layers[l].weight_ih);
-    v.parameter("weight_hh" + s, layers[l].weight_hh);
-    v.parameter("bias_ih" + s, layers[l].bias_ih);
-    v.parameter("bias_hh" + s, layers[l].bias_hh);
+  const std::size_t D = bidirectional ? 2 : 1;
+  for (std::size_t sl = 0; sl < layers.size(); ++sl) {
+    const std::string s = "_l" + std::to_string(sl / D) + (sl % D == 1 ? "_reverse" : "");
+    v.parameter("weight_ih" + s, layers[sl].weight_ih);
+    v.parameter("weight_hh" + s, layers[sl].weight_hh);
+    v.parameter("bias_ih" + s, layers[sl].bias_ih);
+    v.parameter("bias_hh" + s, layers[sl].bias_hh);
   }
 }
 
@@ -151,8 +154,9 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, cons
   if (!x.defined() || x.rank() != 3 || x.dim(2) != input_size || x.dim(1) < 1)
     throw Error(fmt::format("{}: expected x [B,T,{}] with T >= 1 (batch first), got {}", name, input_size,
                             shape_of(x)));
-  const std::int64_t B = x.dim(0), T = x.dim(1), L = num_layers, H = hidden_size;
-  const Shape state{L, B, H};
+  const std::int64_t B = x.dim(0), T = x.dim(1), L = num_layers, H = hidden_size, D = bidirectional ? 2 : 1,
+                     S = L * D;  // state slots
+  const Shape state{S, B, H};
   const bool lstm = kind == CellKind::lstm;
   if (!lstm && c0.defined())
     throw Error(fmt::format("{}: c0 is an LSTM's initial cell state; a {} has none", name, name));
@@ -164,7 +168,8 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, cons
     if (!s->defined()) continue;
     const char* what = s == &h0 ? "h0" : "c0";
     if (s->shape() != state)
-      throw Error(fmt::format("{}: expected {} {} ([num_layers,B,hidden]), got {}", name, what, state, s->shape()));
+      throw Error(fmt::format("{}: expected {} {} ([num_layers * directions,B,hidden]), got {}", name, what, state,
+                              s->shape()));
     layers[0].check_operand(*s, what);
     if (s->graph() != x.graph()) throw Error(fmt::format("{}: x and {} belong to different graphs", name, what));
   }
@@ -190,44 +195,83 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, cons
     n.meta = {n.value.shape(), n.value.dtype(), n.value.device()};
     mask = Var(x.graph(), x.graph()->add_node(std::move(n)));
   }
-  // each layer's initial state: a row of h0 / c0, or zeros
-  auto initial = [&](const Var& s0, std::int64_t l) {
-    return s0.defined() ? reshape(slice(s0, 0, l, l + 1), Shape{B, H}) : full(x, Shape{B, H}, 0.0, x.dtype());
+  // state slot s = l * D + d: layer l, direction d (1: reversed); its initial state a row of h0 / c0, or zeros
+  auto initial = [&](const Var& s0, std::int64_t s) {
+    return s0.defined() ? reshape(slice(s0, 0, s, s + 1), Shape{B, H}) : full(x, Shape{B, H}, 0.0, x.dtype());
   };
-  std::vector<Var> h(static_cast<std::size_t>(L)), c(lstm ? static_cast<std::size_t>(L) : 0);
-  for (std::int64_t l = 0; l < L; ++l) {
-    h[static_cast<std::size_t>(l)] = initial(h0, l);
-    if (lstm) c[static_cast<std::size_t>(l)] = initial(c0, l);
+  std::vector<Var> h(static_cast<std::size_t>(S)), c(lstm ? static_cast<std::size_t>(S) : 0);
+  for (std::int64_t sl = 0; sl < S; ++sl) {
+    h[static_cast<std::size_t>(sl)] = initial(h0, sl);
+    if (lstm) c[static_cast<std::size_t>(sl)] = initial(c0, sl);
   }
+  // with lengths: 1 where sequence b still runs at step t (made when first needed, near its readers)
+  std::vector<Var> lives(mask.defined() ? static_cast<std::size_t>(T) : 0);
+  auto live_at = [&](std::int64_t t) {
+    if (!mask.defined()) return Var{};
+    Var& lv = lives[static_cast<std::size_t>(t)];
+    if (!lv.defined()) lv = slice(mask, 1, t, t + 1);
+    return lv;
+  };
+  // x's step t, its padding masked to 0 before any product
+  auto x_at = [&](std::int64_t t) {
+    Var in = reshape(slice(x, 1, t, t + 1), Shape{B, input_size});
+    const Var lv = live_at(t);
+    return lv.defined() ? where(lv, in, 0.0) : in;
+  };
+  // one step of slot sl at time t (the k-th step of its direction, from 1) from input `in`
+  auto step = [&](std::int64_t sl, std::int64_t t, std::int64_t k, const Var& in) {
+    const auto su = static_cast<std::size_t>(sl);
+    const CellParameters& p = layers[su];
+    const Var lv = live_at(t);
+    auto gate_state = [&](const Var& next, const Var& prev) { return lv.defined() ? where(lv, next, prev) : next; };
+    const bool mark = checkpoint_every > 0 && k % checkpoint_every == 0;
+    if (lstm) {
+      LSTMState st = lstm_step(p, in, {h[su], c[su]});
+      h[su] = gate_state(st.h, h[su]), c[su] = gate_state(st.c, c[su]);
+      if (mark) checkpoint(c[su]);
+    } else {
+      h[su] = gate_state(kind == CellKind::gru ? gru_step(p, in, h[su]) : rnn_step(p, nonlinearity, in, h[su]), h[su]);
+    }
+    if (mark) checkpoint(h[su]);
+    return h[su];
+  };
+  // the output row of step t ([B, 1, D H]): 0 past a sequence's length
+  auto output_row = [&](std::int64_t t, const Var& v) {
+    const Var lv = live_at(t);
+    return reshape(lv.defined() ? where(lv, v, 0.0) : v, Shape{B, 1, D * H});
+  };
   std::vector<Var> outputs;
   outputs.reserve(static_cast<std::size_t>(T));
-  // time-major: step t of every layer before step t + 1 (see the header)
-  for (std::int64_t t = 0; t < T; ++t) {
-    Var in = reshape(slice(x, 1, t, t + 1), Shape{B, input_size});
-    // with lengths: 1 where sequence b is still running; its padding never reaches a product
-    const Var live = mask.defined() ? slice(mask, 1, t, t + 1) : Var{};
-    if (live.defined()) in = where(live, in, 0.0);
-    auto gate_state = [&](const Var& next, const Var& prev) { return live.defined() ? where(live, next, prev) : next; };
-    const bool mark = checkpoint_every > 0 && (t + 1) % checkpoint_every == 0;
-    for (std::int64_t l = 0; l < L; ++l) {
-      const auto li = static_cast<std::size_t>(l);
-      const CellParameters& p = layers[li];
-      if (kind == CellKind::lstm) {
-        LSTMState s = lstm_step(p, in, {h[li], c[li]});
-        h[li] = gate_state(s.h, h[li]), c[li] = gate_state(s.c, c[li]);
-        if (mark) checkpoint(c[li]);
-      } else {
-        h[li] = gate_state(kind == CellKind::gru ? gru_step(p, in, h[li]) : rnn_step(p, nonlinearity, in, h[li]), h[li]);
-      }
-      if (mark) checkpoint(h[li]);
-      in = h[li];
+  if (D == 1) {
+    // time-major: step t of every layer before step t + 1 (see the header)
+    for (std::int64_t t = 0; t < T; ++t) {
+      Var in = x_at(t);
+      for (std::int64_t l = 0; l < L; ++l) in = step(l, t, t + 1, in);
+      outputs.push_back(output_row(t, in));
     }
-    outputs.push_back(reshape(live.defined() ? where(live, in, 0.0) : in, Shape{B, 1, H}));
+  } else {
+    // bidirectional: layer l + 1 reads both directions of layer l at every
+    // step, so layer by layer; within a layer the two directions advance
+    // together (forward step i, reverse step T - 1 - i)
+    std::vector<Var> below;  // layer l - 1's states per step, [B, 2H]
+    for (std::int64_t l = 0; l < L; ++l) {
+      std::vector<Var> fw(static_cast<std::size_t>(T)), bw(static_cast<std::size_t>(T));
+      auto in_at = [&](std::int64_t t) { return l == 0 ? x_at(t) : below[static_cast<std::size_t>(t)]; };
+      for (std::int64_t i = 0; i < T; ++i) {
+        const std::int64_t tr = T - 1 - i;
+        fw[static_cast<std::size_t>(i)] = step(2 * l, i, i + 1, in_at(i));
+        bw[static_cast<std::size_t>(tr)] = step(2 * l + 1, tr, i + 1, in_at(tr));
+      }
+      below.assign(static_cast<std::size_t>(T), Var{});
+      for (std::int64_t t = 0; t < T; ++t)
+        below[static_cast<std::size_t>(t)] = concat({fw[static_cast<std::size_t>(t)], bw[static_cast<std::size_t>(t)]}, 1);
+    }
+    for (std::int64_t t = 0; t < T; ++t) outputs.push_back(output_row(t, below[static_cast<std::size_t>(t)]));
   }
-  auto stack = [&](const std::vector<Var>& s) {
+  auto stack = [&](const std::vector<Var>& st) {
     std::vector<Var> rows;
-    rows.reserve(s.size());
-    for (const Var& v : s) rows.push_back(reshape(v, Shape{1, B, H}));
+    rows.reserve(st.size());
+    for (const Var& v : st) rows.push_back(reshape(v, Shape{1, B, H}));
     return rows.size() == 1 ? rows[0] : concat(rows, 0);
   };
   RNNResult r;

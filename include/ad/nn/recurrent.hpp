@@ -112,6 +112,12 @@ struct RNNOptions {
   bool bias = true;
   DType dtype = DType::f32;
   RNNNonlinearity nonlinearity = RNNNonlinearity::tanh;  // RNN only
+  // A second direction per layer, run from the last step to the first; the
+  // output concatenates both ([B, T, 2 hidden]) and a layer above the first
+  // reads it. Parameters of the reverse direction end in "_reverse", states
+  // are [num_layers * 2, B, hidden] (layer 0 forward, layer 0 reverse, ...),
+  // as torch.nn's bidirectional layers have them.
+  bool bidirectional = false;
   // > 0: marks every layer's state after every k-th step, and the output,
   // with ad::checkpoint(), for policy::manual() (the other policies ignore
   // marks). The output is marked because it reads every step's state:
@@ -121,9 +127,9 @@ struct RNNOptions {
 
 // What a sequence module returns.
 struct RNNResult {
-  Var output;  // [B, T, hidden]: the last layer's state after each step
-  Var h;       // [num_layers, B, hidden]: each layer's state after the last step
-  Var c;       // LSTM: [num_layers, B, hidden], the cell states after the last step; others: undefined
+  Var output;  // [B, T, hidden] (bidirectional: [B, T, 2 hidden]): the last layer's state after each step
+  Var h;       // [num_layers * directions, B, hidden]: each layer's (and direction's) state after its last step
+  Var c;       // LSTM: the cell states, as h; others: undefined
 };
 
 enum class CellKind : std::uint8_t { rnn, gru, lstm };
@@ -131,9 +137,11 @@ enum class CellKind : std::uint8_t { rnn, gru, lstm };
 // A stack of num_layers cells of one kind over a batch-first sequence
 // x [B, T, input] (layer l > 0 reads layer l - 1's states). Parameters are
 // named as torch.nn.RNN / GRU / LSTM name them: "weight_ih_l0",
-// "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", "weight_ih_l1", ... The initial
-// states h0 (and c0 for the LSTM) are [num_layers, B, hidden], zeros when
-// undefined.
+// "weight_hh_l0", "bias_ih_l0", "bias_hh_l0", ("weight_ih_l0_reverse", ...
+// when bidirectional), "weight_ih_l1", ... The initial states h0 (and c0 for
+// the LSTM) are [num_layers * directions, B, hidden], zeros when undefined.
+// Bidirectional with lengths: each sequence's reverse direction starts at
+// its own last step, as with packed sequences.
 // Sequences of different lengths in one batch: `lengths` (a tensor, i64
 // [B], data known when the graph is built, as PyTorch's packed sequences
 // want their lengths on the host) stops sequence b after lengths[b] steps:
@@ -154,7 +162,9 @@ class Recurrent : public Module {
 
   CellKind kind = CellKind::gru;
   std::int64_t input_size = 0, hidden_size = 0, num_layers = 0, checkpoint_every = 0;
+  bool bidirectional = false;
   RNNNonlinearity nonlinearity = RNNNonlinearity::tanh;
+  // one per layer and direction: layers[l * directions + d]
   std::vector<CellParameters> layers;
 };
 
