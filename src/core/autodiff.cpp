@@ -47,6 +47,8 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   // contributions of OpDef::places_slice nodes (slice's gradient), kept apart
   // until the node's gradient is needed and then assembled by settle()
   std::vector<std::vector<Var>> placed(n);
+  // contributions of OpDef::defer_in_grad nodes, made again by settle()
+  std::vector<std::vector<Var>> deferred(n);
   auto accumulate = [&](std::size_t iu, const Var& gv) {
     const Meta& gm = g.node(gv.id()).meta;
     if (!grads[iu].defined()) {
@@ -57,7 +59,30 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
       grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(gv, DType::f32)), gm.dtype);
     }
   };
+  auto route = [&](std::size_t iu, const Var& gv) {
+    const Node& gn = g.node(gv.id());
+    if (op_def(gn.op).places_slice && is_compute_float(gn.meta.dtype))
+      placed[iu].push_back(gv);
+    else if (op_def(gn.op).defer_in_grad)
+      deferred[iu].push_back(gv);
+    else
+      accumulate(iu, gv);
+  };
   auto settle = [&](std::size_t iu) {
+    if (!deferred[iu].empty()) {
+      std::vector<Var> recipes;
+      recipes.swap(deferred[iu]);
+      for (const Var& r : recipes) {
+        const Node nd = g.node(r.id());  // a copy: make_node appends to the node list
+        std::vector<Operand> ins;
+        for (const auto in : nd.inputs) ins.emplace_back(Var(&g, in));
+        const Var again = make_node(nd.op, std::span<const Operand>(ins), nd.attrs);
+        if (op_def(nd.op).places_slice && is_compute_float(nd.meta.dtype))
+          placed[iu].push_back(again);
+        else
+          accumulate(iu, again);
+      }
+    }
     if (placed[iu].empty()) return;
     std::vector<Var> pieces;
     pieces.swap(placed[iu]);
@@ -143,10 +168,7 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
       const Meta& gm = g.node(a.grad[i].id()).meta;
       if (!(gm.shape == im.shape) || gm.dtype != im.dtype)
         throw Error(fmt::format("grad: internal: backward of {} gave {} for input {}", def.name, describe(gm), describe(im)));
-      if (op_def(g.node(a.grad[i].id()).op).places_slice && is_compute_float(gm.dtype))
-        placed[iu].push_back(a.grad[i]);
-      else
-        accumulate(iu, a.grad[i]);
+      route(iu, a.grad[i]);
     }
   }
   std::vector<Var> out;

@@ -166,6 +166,13 @@ struct OpDef {
   // instead of adding full-size tensors: T slices of a sequence would
   // otherwise cost T full-size gradients and T - 1 full-size adds.
   bool places_slice = false;
+  // A gradient contribution made by this op (slice: a piece of another
+  // gradient, as concat's backward cuts one per input) is built again when
+  // the gradient it contributes to is needed, so it is computed just before
+  // it is read: made when concat's backward runs, the T pieces of a
+  // recurrent layer's [B, T, H] output gradient were all held from the start
+  // of backward, next to the gradient they were cut from.
+  bool defer_in_grad = false;
 };
 
 // An op's CUDA launcher, `<name>_cuda`, exists only in builds with the CUDA

@@ -155,7 +155,13 @@ void matmul_bwd(BackwardArgs& a) {
     if (!(g.shape() == as.shape())) g = sum_to(g, as.shape());
     return as.rank() == orig.rank() ? g : reshape(g, orig.shape());
   };
-  if (a.needs[0]) a.grad[0] = fit(ta ? matmul(B, dC, tb, true) : matmul(dC, B, false, !tb), A, A0);
+  // The smaller gradient is built first (so computed first in node order): for a layer x W^T, dW reads the
+  // activation x and is weight-sized, dx reads only W and is activation-sized; dW first lets x die before dx
+  // is allocated (a recurrent layer's [B, T, H] output, dead after the head's dW, was held next to its
+  // gradient: a third of sqrt_n's peak).
+  auto grad_a = [&] { a.grad[0] = fit(ta ? matmul(B, dC, tb, true) : matmul(dC, B, false, !tb), A, A0); };
+  const bool b_first = a.needs[1] && B0.numel() < A0.numel();
+  if (a.needs[0] && !b_first) grad_a();
   if (a.needs[1]) {
     Var g;
     if (A.rank() > 2 && B.rank() == 2 && !ta) {  // [B,T,K] x [K,N]: fold the batch, one GEMM
@@ -170,6 +176,7 @@ void matmul_bwd(BackwardArgs& a) {
     }
     a.grad[1] = fit(g, B, B0);
   }
+  if (a.needs[0] && b_first) grad_a();
 }
 const OpDef op_def_matmul{.name = "matmul", .args = "a,b", .arity = 2, .infer = infer_matmul, .cpu = matmul_cpu, .cuda = AD_CUDA_FN(matmul_cuda),
                           .backward = matmul_bwd, .saves = saves_input(0) | saves_input(1),

@@ -276,7 +276,7 @@ void slice_bwd(BackwardArgs& a) {
   a.grad[0] = make_node(OpId::slice_backward, {a.dout}, at);
 }
 const OpDef op_def_slice{.name = "slice", .args = "x", .arity = 1, .infer = infer_slice, .cpu = slice_cpu,
-                         .cuda = AD_CUDA_FN(slice_cuda), .backward = slice_bwd};
+                         .cuda = AD_CUDA_FN(slice_cuda), .backward = slice_bwd, .defer_in_grad = true};
 Var slice(const Operand& x, int axis, std::int64_t start, std::int64_t stop) {
   Shape s = operand_shape("slice", x);
   if (s.rank() == 0) throw Error(fmt::format("slice: cannot slice a scalar {}", s.str()));
