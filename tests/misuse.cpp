@@ -514,3 +514,25 @@ TEST_CASE("misuse: a moved-from Graph throws instead of crashing") {
   CHECK_THROWS_AS(g.live_bytes(), ad::Error);
   CHECK_THROWS_AS(g.record(nullptr), ad::Error);
 }
+
+TEST_CASE("a gradient penalty through relu or clamp gives no gradient to a parameter seen only through the mask") {
+  // relu_backward(y, dy) reads y only for its mask [y > 0] (clamp_backward x
+  // for [lo <= x <= hi]): piecewise constant, so a parameter reaching a
+  // penalty only that way gets no gradient, as with a comparison
+  ad::Rng rng(8);
+  for (int which = 0; which < 2; ++which) {
+    CAPTURE(which);
+    ad::Parameter w1 = ad::Parameter::randn({3, 4}, rng, 1.0, ad::DType::f64),
+                  b1 = ad::Parameter::randn({4}, rng, 1.0, ad::DType::f64),
+                  w2 = ad::Parameter::randn({4, 1}, rng, 1.0, ad::DType::f64);
+    ad::Graph g;
+    ad::Var x = g.input(randn({2, 3}, ad::DType::f64));
+    ad::Var pre = ad::add(ad::matmul(x, w1), b1);
+    ad::Var h = which == 0 ? ad::relu(pre) : ad::clamp(pre, -0.5, 0.5);
+    ad::Var dx = ad::grad(ad::sum(ad::matmul(h, w2)), {x})[0];  // reads b1 only through the mask
+    ad::backward(ad::sum(ad::mul(dx, dx)));
+    CHECK(w1.has_fresh_grad());
+    CHECK(w2.has_fresh_grad());
+    CHECK_FALSE(b1.has_fresh_grad());
+  }
+}

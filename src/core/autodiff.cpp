@@ -50,13 +50,13 @@ std::vector<Var> grad(const Var& loss, const std::vector<Var>& wrt, const Var& s
   // contributions of OpDef::defer_in_grad nodes, made again by settle()
   std::vector<std::vector<Var>> deferred(n);
   auto accumulate = [&](std::size_t iu, const Var& gv) {
-    const Meta& gm = g.node(gv.id()).meta;
+    const DType dt = g.node(gv.id()).meta.dtype;  // a copy: the ops below append nodes
     if (!grads[iu].defined()) {
       grads[iu] = gv;
-    } else if (is_compute_float(gm.dtype)) {
+    } else if (is_compute_float(dt)) {
       grads[iu] = add(grads[iu], gv);
     } else {  // f16 / bf16 (storage types: add takes f32/f64): summed in f32, rounded once
-      grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(gv, DType::f32)), gm.dtype);
+      grads[iu] = cast(add(cast(grads[iu], DType::f32), cast(gv, DType::f32)), dt);
     }
   };
   auto route = [&](std::size_t iu, const Var& gv) {

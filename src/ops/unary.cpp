@@ -152,7 +152,7 @@ void relu_backward_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_relu_backward{.name = "relu_backward", .args = "y,dy", .arity = 2, .infer = infer_float2_same,
                                  .cpu = relu_backward_cpu, .cuda = AD_CUDA_FN(relu_backward_cuda),
-                                 .backward = relu_backward_bwd, .overwrites = 0b11};
+                                 .backward = relu_backward_bwd, .overwrites = 0b11, .zero_grad_inputs = 0b01};
 
 // ---- gelu ----  x Phi(x); d/dx = Phi(x) + x phi(x); saves input
 void gelu_cpu(const KernelArgs& k) { unary(k, "gelu", pw::Gelu{}); }
@@ -254,7 +254,7 @@ void clamp_backward_bwd(BackwardArgs& a) {
 }
 const OpDef op_def_clamp_backward{.name = "clamp_backward", .args = "x,dy", .arity = 2, .infer = infer_float2_same,
                                   .cpu = clamp_backward_cpu, .cuda = AD_CUDA_FN(clamp_backward_cuda),
-                                  .backward = clamp_backward_bwd, .overwrites = 0b11};
+                                  .backward = clamp_backward_bwd, .overwrites = 0b11, .zero_grad_inputs = 0b01};
 
 // ---- add_scalar ----  x + s; d/dx = 1
 void add_scalar_cpu(const KernelArgs& k) {

@@ -119,9 +119,10 @@ struct RNNOptions {
   // as torch.nn's bidirectional layers have them.
   bool bidirectional = false;
   // > 0: marks every layer's state after every k-th step, and the output,
-  // with ad::checkpoint(), for policy::manual() (the other policies ignore
-  // marks). The output is marked because it reads every step's state:
-  // recomputing it would rerun the whole sequence.
+  // with ad::checkpoint(), for policy::manual() (budget also tries the
+  // marks' keep set among its candidates; the other policies ignore marks).
+  // The output is marked because it reads every step's state: recomputing
+  // it would rerun the whole sequence.
   std::int64_t checkpoint_every = 0;
 };
 
