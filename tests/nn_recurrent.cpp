@@ -128,6 +128,17 @@ void check_close(const std::vector<double>& got, const std::vector<double>& want
 }
 Tensor f64(const std::vector<double>& v, const Shape& s) { return ad::test::f64s(v, s); }
 
+// (f(v[i] + eps) - f(v[i] - eps)) / 2 eps, v restored: f reads v
+double central_diff(std::vector<double>& v, std::size_t i, const std::function<double()>& f, double eps = 1e-6) {
+  const double keep = v[i];
+  v[i] = keep + eps;
+  const double up = f();
+  v[i] = keep - eps;
+  const double down = f();
+  v[i] = keep;
+  return (up - down) / (2 * eps);
+}
+
 const char* kind_str(nn::CellKind k) {
   return k == nn::CellKind::rnn ? "rnn" : k == nn::CellKind::gru ? "gru" : "lstm";
 }
@@ -202,15 +213,7 @@ TEST_CASE("RNN, GRU and LSTM sequences match a plain-loop reference (values and 
       const double eps = 1e-6;
       auto fd = [&](std::vector<double>& v, const std::function<double()>& f) {
         std::vector<double> d(v.size());
-        for (std::size_t i = 0; i < v.size(); ++i) {
-          const double keep = v[i];
-          v[i] = keep + eps;
-          const double up = f();
-          v[i] = keep - eps;
-          const double down = f();
-          v[i] = keep;
-          d[i] = (up - down) / (2 * eps);
-        }
+        for (std::size_t i = 0; i < v.size(); ++i) d[i] = central_diff(v, i, f, eps);
         return d;
       };
       std::vector<double> xs = x, h0s = h0, c0s = c0;
@@ -441,30 +444,23 @@ TEST_CASE("slice gradients: repeated ranges, gaps, overlaps and two axes sum cor
                                 ad::slice(w, static_cast<int>(c[0]), c[1], c[2])));
     loss = loss.defined() ? loss + s : s;
   }
-  const std::vector<double> got = ad::grad(loss, {x})[0].value().to_vector(), wv = wt.to_vector();
-  for (std::int64_t r = 0; r < 6; ++r)
-    for (std::int64_t c = 0; c < 5; ++c) {
-      double want = 0;
-      for (const auto& cut : cuts) {
-        const std::int64_t at = cut[0] == 0 ? r : c;
-        if (at >= cut[1] && at < cut[2]) want += wv[static_cast<std::size_t>(r * 5 + c)];
+  // element (r, c) of a [6, 5] gradient: `v` summed once per slice whose range holds it
+  auto check_per_cut = [&](const std::vector<double>& got, const std::vector<double>& v) {
+    for (std::int64_t r = 0; r < 6; ++r)
+      for (std::int64_t c = 0; c < 5; ++c) {
+        double want = 0;
+        for (const auto& cut : cuts) {
+          const std::int64_t at = cut[0] == 0 ? r : c;
+          if (at >= cut[1] && at < cut[2]) want += v[static_cast<std::size_t>(r * 5 + c)];
+        }
+        CHECK(got[static_cast<std::size_t>(r * 5 + c)] == doctest::Approx(want).epsilon(1e-14));
       }
-      CHECK(got[static_cast<std::size_t>(r * 5 + c)] == doctest::Approx(want).epsilon(1e-14));
-    }
+  };
+  check_per_cut(ad::grad(loss, {x})[0].value().to_vector(), wt.to_vector());
   // and the assembled gradient is differentiable again: d/dw of sum(dx * v) = v over each slice's range
   ad::Var dx = ad::grad(loss, {x})[0];
   const Tensor vt = ad::test::randn64({6, 5}, rng);
-  const std::vector<double> dw = ad::grad(ad::sum(ad::mul(dx, g.input(vt))), {w})[0].value().to_vector(),
-                            vv = vt.to_vector();
-  for (std::int64_t r = 0; r < 6; ++r)
-    for (std::int64_t c = 0; c < 5; ++c) {
-      double want = 0;
-      for (const auto& cut : cuts) {
-        const std::int64_t at = cut[0] == 0 ? r : c;
-        if (at >= cut[1] && at < cut[2]) want += vv[static_cast<std::size_t>(r * 5 + c)];
-      }
-      CHECK(dw[static_cast<std::size_t>(r * 5 + c)] == doctest::Approx(want).epsilon(1e-14));
-    }
+  check_per_cut(ad::grad(ad::sum(ad::mul(dx, g.input(vt))), {w})[0].value().to_vector(), vt.to_vector());
 }
 
 TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding never read") {
@@ -517,28 +513,15 @@ TEST_CASE("sequences of different lengths: frozen states, zero outputs, padding 
         CHECK(gx[i] == 0.0);
         continue;
       }
-      const double keep = xs[i];
-      xs[i] = keep + 1e-6;
-      const double up = ref_loss(rm, xs, h0);
-      xs[i] = keep - 1e-6;
-      const double down = ref_loss(rm, xs, h0);
-      xs[i] = keep;
-      CHECK(gx[i] == doctest::Approx((up - down) / 2e-6).epsilon(1e-6).scale(1));
+      CHECK(gx[i] == doctest::Approx(central_diff(xs, i, [&] { return ref_loss(rm, xs, h0); })).epsilon(1e-6).scale(1));
     }
     // every parameter gradient is finite and matches central differences
     RefModel pm = rm;
     for (std::size_t l = 0; l < m.layers.size(); ++l) {
       const std::vector<double> gw = m.layers[l].weight_hh.grad().to_vector();
       std::vector<double>& w = pm.layers[l].whh;
-      for (std::size_t i = 0; i < w.size(); ++i) {
-        const double keep = w[i];
-        w[i] = keep + 1e-6;
-        const double up = ref_loss(pm, x, h0);
-        w[i] = keep - 1e-6;
-        const double down = ref_loss(pm, x, h0);
-        w[i] = keep;
-        CHECK(gw[i] == doctest::Approx((up - down) / 2e-6).epsilon(1e-6).scale(1));
-      }
+      for (std::size_t i = 0; i < w.size(); ++i)
+        CHECK(gw[i] == doctest::Approx(central_diff(w, i, [&] { return ref_loss(pm, x, h0); })).epsilon(1e-6).scale(1));
       CHECK(ad::test::all_finite(m.layers[l].weight_ih.grad()));
       CHECK(ad::test::all_finite(m.layers[l].bias_ih.grad()));
     }
