@@ -263,8 +263,12 @@ RNNResult Recurrent::operator()(const Var& x, const Var& h0, const Var& c0, cons
         bw[static_cast<std::size_t>(tr)] = step(2 * l + 1, tr, i + 1, in_at(tr));
       }
       below.assign(static_cast<std::size_t>(T), Var{});
-      for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t t = 0; t < T; ++t) {
         below[static_cast<std::size_t>(t)] = concat({fw[static_cast<std::size_t>(t)], bw[static_cast<std::size_t>(t)]}, 1);
+        // the layer above reads every step of both directions: with marks, keep them (as the output is kept),
+        // else recomputing a segment of the layer above reran both directions of this one
+        if (checkpoint_every > 0 && l + 1 < L) checkpoint(below[static_cast<std::size_t>(t)]);
+      }
     }
     for (std::int64_t t = 0; t < T; ++t) outputs.push_back(output_row(t, below[static_cast<std::size_t>(t)]));
   }

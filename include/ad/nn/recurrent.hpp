@@ -122,7 +122,9 @@ struct RNNOptions {
   // with ad::checkpoint(), for policy::manual() (budget also tries the
   // marks' keep set among its candidates; the other policies ignore marks).
   // The output is marked because it reads every step's state: recomputing
-  // it would rerun the whole sequence.
+  // it would rerun the whole sequence; bidirectional, so are the per-step
+  // outputs of every layer but the last, which the layer above reads at
+  // every step (unmarked, manual peaked at 0.9-1.4x keep_all on 2-3 layers).
   std::int64_t checkpoint_every = 0;
 };
 
