@@ -701,12 +701,12 @@ void conv_gradcheck_cases(std::vector<GradCase>& out, Rng& rng) {
     const Shape ys = conv2d(g0.input(Tensor::zeros(xs)), g0.input(Tensor::zeros(ws)), o).shape();
     out.push_back({OpId::conv2d_backward_input, "dx(dy, w) of " + conv_label(c), {randn64(ys, rng), randn64(ws, rng)},
                    [o, xs](const std::vector<Var>& v) {
-                     Var x0 = full(v[0], xs, 0.5, DType::f64);
+                     Var x0 = full(v[0], xs, 0.5, v[0].dtype());  // the run's dtype (tests/cuda.cpp runs these in f32 too)
                      return grad(sum(mul(conv2d(x0, v[1], o), v[0])), {x0})[0];
                    }});
     out.push_back({OpId::conv2d_backward_weight, "dw(x, dy) of " + conv_label(c), {randn64(xs, rng), randn64(ys, rng)},
                    [o, ws](const std::vector<Var>& v) {
-                     Var w0 = full(v[0], ws, 0.3, DType::f64);
+                     Var w0 = full(v[0], ws, 0.3, v[0].dtype());
                      return grad(sum(mul(conv2d(v[0], w0, o), v[1])), {w0})[0];
                    }});
   }

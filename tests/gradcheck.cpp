@@ -2,6 +2,7 @@
 // the op table (so no op escapes), plus the op-specific gradient properties
 // (sign, dropout, cast, cross_entropy, mse, gather, embedding, max ties).
 // Cases live in tests/gradcheck_cases.cpp.
+#include <cmath>
 #include <memory>
 #include <string_view>
 
@@ -45,6 +46,53 @@ TEST_CASE("gradcheck") {
       }
     }
   }
+}
+
+// ---- every case also runs in f32 ----
+// tests/cuda.cpp runs each case on a GPU in f64 and in f32 (inputs given in f64
+// cast to f32) against the CPU: a case whose build fixes a dtype of its own
+// (a constant made in f64, say) then mixes dtypes and throws there, where no
+// CI machine sees it. Here the same f32 run on the CPU, forward and gradients,
+// within f32 rounding of the f64 run (relative to max(1, |value|)).
+TEST_CASE("every gradcheck case also runs in f32, near its f64 result") {
+  const auto cases = gradcheck_cases();
+  auto run = [](const GradCase& c, DType t) {
+    PGraph g;
+    std::vector<Var> vs, wrt;
+    for (const auto& x : c.inputs) {
+      vs.push_back(g.input(x.dtype() == DType::f64 ? x.to(t) : x));
+      if (x.dtype() == DType::f64) wrt.push_back(vs.back());
+    }
+    Var out = c.build(vs);
+    Rng wr(91);
+    Var loss = sum(mul(out, g.input(Tensor::randn(out.shape(), wr, DType::f64).to(out.dtype()))));
+    std::vector<Tensor> vals{eval(out)};
+    for (Var& gv : grad(loss, wrt)) vals.push_back(eval(gv));
+    return vals;
+  };
+  int compared = 0;
+  for (const auto& c : cases) {
+    INFO(fmt::format("{} {}", op_name(c.op), c.label));
+    std::vector<Tensor> a, b;
+    REQUIRE_NOTHROW(a = run(c, DType::f64));
+    REQUIRE_NOTHROW(b = run(c, DType::f32));
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("value " << i << " (0: the output, then the gradients)");
+      const auto x = a[i].to_vector(), y = b[i].to_vector();
+      REQUIRE(x.size() == y.size());
+      double worst = 0;
+      int nan_apart = 0;
+      for (std::size_t k = 0; k < x.size(); ++k) {
+        if (std::isnan(x[k]) != std::isnan(y[k])) ++nan_apart;
+        else if (!std::isnan(x[k])) worst = std::max(worst, std::abs(x[k] - y[k]) / std::max(1.0, std::abs(x[k])));
+      }
+      CHECK(nan_apart == 0);
+      CHECK(worst <= 1e-3);
+    }
+    ++compared;
+  }
+  CHECK(compared == static_cast<int>(cases.size()));
 }
 
 // ---- every op of the table is gradchecked, or has a reason not to be ----

@@ -427,13 +427,21 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
   // variants: 0 the op's default, 1 the first tiled kernels, 2 the warp-level ones, 3 the staged ones,
   // 4 the staged ones with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8 and 4 chunks,
   // 7 to 10 as 4 with the causal product in rounds (of 32, 64, 16 and 32 chunks, lag 8, 4, 16 and 16),
-  // 11 as 4 with the causal product on FP64 tensor cores, 12 as 10 on FP64 tensor cores
-  constexpr int kV = 13;
+  // 11 as 4 with the causal product on FP64 tensor cores, 12 as 10 on FP64 tensor cores;
+  // 13 to 16 time parts of 7 (y is then not the product): without any walk, without A's walk, without B's
+  // phase 1, without B's phase 2 (y written as zeros); 17 to 19 time parts of the one-pass kernel: without
+  // walks, without the look-back (a zero prefix), with neither
+  constexpr int kV = 20, kChecked = 13;
   const char* vname[kV] = {"", ", first tiled kernels", ", warp-level kernels", ", staged kernels",
                            ", staged kernels, bulk copies", ", clusters of 8 chunks", ", clusters of 4 chunks",
                            ", rounds of 32 chunks, lag 8", ", rounds of 64 chunks, lag 4",
                            ", rounds of 16 chunks, lag 16", ", rounds of 32 chunks, lag 16",
-                           ", FP64 tensor cores", ", rounds of 32 chunks, lag 16, FP64 tensor cores"};
+                           ", FP64 tensor cores", ", rounds of 32 chunks, lag 16, FP64 tensor cores",
+                           ", as lag 8 without walks (timing only)", ", as lag 8 without A's walk (timing only)",
+                           ", as lag 8 without B's phase 1 (timing only)",
+                           ", as lag 8 without B's phase 2 (timing only)",
+                           ", one pass without walks (timing only)", ", one pass without look-back (timing only)",
+                           ", one pass without walks or look-back (timing only)"};
   double t_full[kV], t_causal[kV];
   for (int vi = 0; vi < kV; ++vi) {
     t_full[vi] = gpu_time(matvec(false, vi));
@@ -469,7 +477,7 @@ int gpu_bench(i64 N, i64 r, i64 D, i64 B, int reps) {
     std::printf("check %s: max |GPU - CPU| / max |y| = %.2e, NaN (unwritten) elements %lld\n", name, worst / scale,
                 static_cast<long long>(unwritten));
   };
-  for (int vi = 0; vi < kV; ++vi) {
+  for (int vi = 0; vi < kChecked; ++vi) {
     check(("matvec (full)" + std::string(vname[vi])).c_str(), false, vi);
     check(("matvec (causal)" + std::string(vname[vi])).c_str(), true, vi);
   }

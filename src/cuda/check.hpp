@@ -10,9 +10,11 @@
 #define AD_CUDA_CHECK(call)                                                                                    \
   do {                                                                                                         \
     cudaError_t err_ = (call);                                                                                 \
-    if (err_ != cudaSuccess)                                                                                   \
+    if (err_ != cudaSuccess) {                                                                                 \
+      (void)cudaGetLastError(); /* not reported again by the next launch's check */                           \
       throw ::ad::Error(fmt::format("CUDA: {} failed at {}:{}: {} ({})", #call, __FILE__, __LINE__,            \
                                     cudaGetErrorString(err_), cudaGetErrorName(err_)));                        \
+    }                                                                                                          \
   } while (0)
 
 #define AD_CUBLAS_CHECK(call)                                                                                  \

@@ -1692,7 +1692,7 @@ template <int KB, bool kExact, int MT>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
                                                               int* counter, float* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
-                                                              semisep_plan::StagedScan p) {
+                                                              semisep_plan::StagedScan p, int skip) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const sm = reinterpret_cast<float*>(smem_raw);
   double* const E = reinterpret_cast<double*>(sm + p.oE);  // the chunk's exclusive prefix (r x D)
@@ -1707,20 +1707,41 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
   [[maybe_unused]] float P[2][KB];  // the scalar walks' sub-chunk prefixes (MT = 0)
   double2 a[2], ex[2] = {double2{0, 0}, double2{0, 0}};
-  if constexpr (MT == 0) scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
-  else dmma_phase1<MT, KB>(p, sm, n, ri, Di, a);
+  // skip, timing only (bench variants 17 to 19; y is then not the product): bit 0 no walks (zero sums
+  // published, y written as zeros), bit 1 no look-back (nothing published or waited for, a zero prefix)
+  if (skip & 1) {
+    __pipeline_wait_prior(1);  // x and v, as phase 1
+    __syncthreads();
+    a[0] = a[1] = double2{0, 0};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) P[h][kk] = 0.f;
+  } else if constexpr (MT == 0) {
+    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
+  } else {
+    dmma_phase1<MT, KB>(p, sm, n, ri, Di, a);
+  }
   // the chunk's sum, published (rounded to f32: the walks summed it in f32);
   // then the look-back for its exclusive prefix, added in f64 (inclusive
   // prefixes are published in f64). A thread takes element pairs (2 pe,
   // 2 pe + 1), pe = t + 256 q: the look-back reads 8 bytes per chunk and pair.
   constexpr int kPr = 2;  // pairs of r x D per thread (r D <= 1024)
   const int nP = rD / 2;  // D is even
-  scan3_unit_prefix<KB>(flags, agg, inc, id, c, nP, a, ex, s_n, s_use);
+  if (!(skip & 2)) scan3_unit_prefix<KB>(flags, agg, inc, id, c, nP, a, ex, s_n, s_use);
 #pragma unroll
   for (int q = 0; q < kPr; ++q)
     if (t + 256 * q < nP) reinterpret_cast<double2*>(E)[t + 256 * q] = ex[q];
-  if constexpr (MT == 0) scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
-  else dmma_phase2<MT, KB>(p, sm, E, y, b, N, i0, n, ri, Di);
+  if (skip & 1) {
+    __pipeline_wait_prior(0);  // u, as phase 2
+    __syncthreads();
+    float4* const y4 = reinterpret_cast<float4*>(y + (b * N + i0) * D);  // the bench's D: a multiple of 4
+    for (int e = t; e < n * Di / 4; e += 256) y4[e] = float4{0.f, 0.f, 0.f, 0.f};
+  } else if constexpr (MT == 0) {
+    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
+  } else {
+    dmma_phase2<MT, KB>(p, sm, E, y, b, N, i0, n, ri, Di);
+  }
 }
 
 bool scan3_applies(const SemisepDims& dm) {
@@ -1755,7 +1776,7 @@ bool dmma_applies(const SemisepDims& dm, const void* kernel) {
 // MT > 0: on tensor cores, false (nothing launched) where they do not run here
 template <int KB, bool kExact, int MT = 0>
 bool causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                     const float* v, float* y, void* ws) {
+                     const float* v, float* y, void* ws, int skip = 0) {
   auto kernel = causal_scan3_kernel<KB, kExact, MT>;
   if (MT > 0 && !dmma_applies(dm, reinterpret_cast<const void*>(kernel))) return false;
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
@@ -1769,7 +1790,7 @@ bool causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, cons
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
   allow_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D,
-                                                       dm.r, nc, p);
+                                                       dm.r, nc, p, skip);
   check_launch(MT > 0 ? "semiseparable_matvec (causal, one pass, tensor cores)" : "semiseparable_matvec (causal, one pass)");
   return true;
 }
@@ -1798,9 +1819,9 @@ template <class F> void scan3_by_rank(i64 r, F f) {
   }
 }
 void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                  const float* v, float* y, void* ws) {
+                  const float* v, float* y, void* ws, int skip = 0) {
   scan3_by_rank(dm.r, [&](auto kb, auto exact) {
-    causal_scan3_kb<decltype(kb)::value, decltype(exact)::value>(dm, x, d, lo, u, v, y, ws);
+    causal_scan3_kb<decltype(kb)::value, decltype(exact)::value>(dm, x, d, lo, u, v, y, ws, skip);
   });
 }
 
@@ -1893,6 +1914,9 @@ struct RoundsArgs {
   double* rin;
   i64 N, D, r, nc, total, rounds;  // rounds per batch
   int Rc, lag;
+  // timing only (bench variants 13 to 16; y is then not the product): bit 0 skips A's walk (its sums are
+  // zeros), bit 1 B's phase 1 (its warps start from garbage), bit 2 B's phase 2 (y written as zeros)
+  int skip;
 };
 // the sums of chunks c0 .. c0 + cnt - 1 at element pair pe, in f64
 __device__ inline double2 rounds_total(const float2* agg, i64 c0, int cnt, int nP, int pe) {
@@ -1988,7 +2012,12 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
   rounds_copy(p, sm, x, d, lo, u, v, b, a.N, a.D, a.r, i0, n, !isA, isA ? pkeep : pdrop, pdrop);
   double2 s[kPr];
   if (isA) {
-    if constexpr (MT == 0) {
+    if (a.skip & 1) {
+      __pipeline_wait_prior(0);
+      __syncthreads();
+#pragma unroll
+      for (int q = 0; q < kPr; ++q) s[q] = double2{0.0, 0.0};
+    } else if constexpr (MT == 0) {
       float P[2][KB];
       scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
     } else {
@@ -2020,8 +2049,24 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
     if (tid + 256 * q < nP) reinterpret_cast<double2*>(E)[tid + 256 * q] = __ldcg(a.E + id * nP + tid + 256 * q);
   if constexpr (MT == 0) {
     float P[2][KB];
-    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
-    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, a.N, i0, n, ri, Di);
+    if (a.skip & 2) {  // timing only
+      __pipeline_wait_prior(1);
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) P[h][kk] = 0.f;
+    } else {
+      scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
+    }
+    if (a.skip & 4) {  // timing only: y's bytes written, no products
+      __pipeline_wait_prior(0);
+      __syncthreads();
+      float4* const y4 = reinterpret_cast<float4*>(y + (b * a.N + i0) * a.D);  // the bench's D: a multiple of 4
+      for (int e = tid; e < n * Di / 4; e += 256) y4[e] = float4{0.f, 0.f, 0.f, 0.f};
+    } else {
+      scan3_phase2<KB, kExact>(p, sm, E, P, y, b, a.N, i0, n, ri, Di);
+    }
   } else {
     dmma_phase1<MT, KB>(p, sm, n, ri, Di, s);  // the warps' prefixes again
     dmma_phase2<MT, KB>(p, sm, E, y, b, a.N, i0, n, ri, Di);
@@ -2032,7 +2077,7 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
 // one-pass kernel then)
 template <int KB, bool kExact, int MT = 0>
 bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                      const float* v, float* y, void* ws, int Rc, int lag) {
+                      const float* v, float* y, void* ws, int Rc, int lag, int skip = 0) {
   auto kernel = causal_rounds_kernel<KB, kExact, MT>;
   if (MT > 0 && !dmma_applies(dm, reinterpret_cast<const void*>(kernel))) return false;
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
@@ -2047,7 +2092,7 @@ bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, con
                reinterpret_cast<double2*>(w + L.E),
                reinterpret_cast<float*>(w + L.rag),
                reinterpret_cast<double*>(w + L.rin),
-               dm.N, dm.D, dm.r, nc, total, L.rounds, Rc, lag};
+               dm.N, dm.D, dm.r, nc, total, L.rounds, Rc, lag, skip};
   check_call(cudaMemsetAsync(ws, 0, static_cast<std::size_t>(L.agg)), "cudaMemsetAsync (semiseparable_matvec)");
   const auto smem = static_cast<std::size_t>(p.smem_bytes);
   allow_smem(kernel, smem);
@@ -2060,9 +2105,11 @@ void causal_rounds(const SemisepDims& dm, const float* x, const float* d, const 
   // 7: rounds of 32 chunks, a B 7 rounds of tickets after its round's last A
   // (M = 256 chunks of x and v, 15 MB at r = 22, D = 16, held in L2); 8: 64
   // and 4; 9: 16 and 16; 10: 32 and 16 (30 MB); 12: as 10, on tensor cores
-  // where they take the shape (else as 10)
+  // where they take the shape (else as 10); 13 to 16, timing only (y is not
+  // the product): as 7 without any walk, without A's, B's phase 1, B's phase 2
   const int Rc = variant == 8 ? 64 : variant == 9 ? 16 : 32,
-            lag = variant == 8 ? 4 : variant == 9 || variant == 10 || variant == 12 ? 16 : 8;
+            lag = variant == 8 ? 4 : variant == 9 || variant == 10 || variant == 12 ? 16 : 8,
+            skip = variant == 13 ? 7 : variant == 14 ? 1 : variant == 15 ? 2 : variant == 16 ? 4 : 0;
   if (variant == 12 && dmma_by_shape(dm, [&](auto mt, auto kp) {
         return causal_rounds_kb<decltype(kp)::value, true, decltype(mt)::value>(dm, x, d, lo, u, v, y, ws, Rc, lag);
       }))
@@ -2070,7 +2117,7 @@ void causal_rounds(const SemisepDims& dm, const float* x, const float* d, const 
   scan3_by_rank(dm.r, [&](auto kb, auto exact) {
     constexpr int KB = decltype(kb)::value;
     constexpr bool kExact = decltype(exact)::value;
-    if (!causal_rounds_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, Rc, lag))
+    if (!causal_rounds_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws, Rc, lag, skip))
       causal_scan3_kb<KB, kExact>(dm, x, d, lo, u, v, y, ws);
   });
 }
@@ -2190,14 +2237,16 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
   cfg.numAttrs = 1;
   // Whether clusters of CS such blocks run here, asked once per device and kernel: the device (sm_90 on),
   // the code loaded for it (a build without sm_90 code JIT-compiles the sm_80 PTX, whose body is empty),
-  // its shared memory, and a cluster that fits
+  // its shared memory, and a cluster that fits. Asked per shared-memory size too: one kernel serves every r
+  // with the same KB, and a plan of another D or r takes more (the limit raised for the first size was once
+  // kept for all: a larger plan's launch then failed, "invalid argument")
   static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int>, bool> usable;
+  static std::map<std::tuple<int, const void*, int, std::size_t>, bool> usable;
   int dev = 0;
   check_call(cudaGetDevice(&dev), "cudaGetDevice");
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto [it, fresh] = usable.try_emplace({dev, reinterpret_cast<const void*>(kernel), CS}, false);
+    auto [it, fresh] = usable.try_emplace({dev, reinterpret_cast<const void*>(kernel), CS, smem}, false);
     if (fresh) {
       int major = 0, active = 0;
       cudaFuncAttributes fa{};
@@ -2213,6 +2262,7 @@ bool causal_cluster_kb(const SemisepDims& dm, const float* x, const float* d, co
     }
     if (!it->second) return false;
   }
+  allow_smem(kernel, smem);  // this plan's size (the attribute is the kernel's, set by whichever size came last)
   int* flags = static_cast<int*>(ws);
   float* agg = reinterpret_cast<float*>(static_cast<char*>(ws) + fb);
   double* inc = reinterpret_cast<double*>(agg + units * rD);  // 16-byte aligned: r D is a multiple of 8
@@ -2257,6 +2307,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
       if (upto != 3) return;
       if (variant == 5 || variant == 6) causal_cluster(dm, x, d, lo, u, v, y, S, variant == 5 ? 8 : 4);
       else if (variant == 11) causal_dmma(dm, x, d, lo, u, v, y, S);
+      else if (variant >= 17) causal_scan3(dm, x, d, lo, u, v, y, S, variant == 17 ? 1 : variant == 18 ? 2 : 3);
       else if (variant >= 7) causal_rounds(dm, x, d, lo, u, v, y, S, variant);
       else causal_scan3(dm, x, d, lo, u, v, y, S);
       return;

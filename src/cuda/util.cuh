@@ -21,8 +21,13 @@ inline void check_launch(const char* what) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
 }
+// A failed call also leaves its error as the thread's last error: cleared here, so that the next launch's
+// check_launch does not report it again as its own (it once named the next op's kernel).
 inline void check_call(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+  }
 }
 
 // f(r) for every r < n, one thread each.
