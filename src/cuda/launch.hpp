@@ -178,8 +178,8 @@ struct SemisepDims {
 // warp-level ones where they apply, 3 the staged ones (f32) where they apply,
 // 4 and 0 the staged ones with bulk copies, 5 and 6 as 4 with the causal
 // product in clusters of 8 and 4 chunks, 7 to 10 as 4 with the causal
-// product in rounds, 11 as 4 with the causal product on FP64 tensor cores,
-// 12 as 10 on FP64 tensor cores (semiseparable.cu); upto (the tiled kernels only):
+// product in rounds; 11 to 17 time parts of the causal kernels (y is then
+// not the product; semiseparable.cu, matvec_tiled); upto (the tiled kernels only):
 // 1 stops after the chunk sums, 2 after combining them, 3 runs all (the
 // benchmark times the stages by difference; y is not formed before 3; the
 // one-pass causal kernel runs only at 3).

@@ -152,8 +152,8 @@ inline StagedScan staged_scan(std::int64_t r, std::int64_t D, bool cluster = fal
     const std::int64_t Lg = std::int64_t{p.H} * SR;
     std::int64_t o = 0;
     p.ox = static_cast<int>(o), o += (Lg + 1) * D;  // row -1 first (zeros before the first row)
-    // + 8: the scalar walks read up to 3 past the last row's r ranks, the
-    // tensor-core walks up to 6 (ranks to r rounded up to 8; masked)
+    // + 8: the walks read up to 3 past the last row's r ranks (8 since the
+    // FP64 tensor-core walks, now removed: the layout measured since)
     p.ov = static_cast<int>(o), o += round4(Lg * r) + 8;
     p.ou = static_cast<int>(o), o += round4(Lg * r) + 8;
     p.od = static_cast<int>(o), o += round4(Lg);

@@ -1495,200 +1495,7 @@ __device__ inline void scan3_unit_prefix(int* flags, float* agg, double* inc, i6
   publish_sums<double2>(inc + id * rD, incl, nP, flags + id, 2);
 }
 
-// ---- the causal product on FP64 tensor cores (variants 11 and 12; sm_80 and later) ----
-// The one-pass kernel issues about 100 warp instructions per row, half of
-// them its two walks (3 r D scalar multiply-adds a row, r D of them twice) and
-// half per-chunk work over only 12 rows a thread (docs/benchmarks.md, "Where
-// the instructions go"). Here the same chunks, copies, look-back and
-// workspace, but each warp walks a contiguous run of the chunk's rows in
-// tiles of 8 with the m8n8k4 f64 mma (256 multiply-adds an instruction, IEEE
-// double products and sums), the block form of the scan: for a tile of rows
-// i, j in [j0, j0 + 8) and S the state before it (r x D, in accumulators),
-//   G = U_t V_t^T (8 x 8, masked to j <= i),  Y^T = S^T U_t^T + X_t^T G^T,
-//   S += V_t^T X_t,
-// then y_i = Y_i + d_i x_i + lo_{i-1} x_{i-1}. Phase 1 forms each warp's sum
-// (the S updates alone), the block adds the warps' sums (scan3_block_totals)
-// and looks back for the chunk's prefix (scan3_unit_prefix), phase 2 runs
-// every product from the warp's start. 46 mma per 8 rows at r = 22, D = 16
-// (5.75 a row) where the one-pass kernel's walks issue 49 warp instructions
-// a row (docs/design.md).
-//
-// One difference from the scalar walks: a non-finite x_j also reaches the
-// rows before it in its tile of 8 (the mma multiplies it by G's masked
-// zeros); rows from the next tile on are as the scalar walks give them.
-//
-// Fragments (PTX ISA, mma.m8n8k4 .f64): lane = 4 g + q; A (8 x 4) holds
-// A[g][q], B (4 x 8) B[q][g], C (8 x 8) C[g][2 q + e], e = 0, 1. The orders
-// of the sums are chosen so that no operand is moved between lanes: over the
-// rows of a tile, k-step s takes row 2 q + s (so G's accumulator is X^T G^T's
-// B operand as it stands); over ranks, k-step s takes rank 8 (s / 2) + 2 q +
-// s % 2 (so the accumulators of S^T are S^T U^T's A operand as they stand).
-__device__ inline void dmma884(double (&c)[2], double a, double b) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
-      : "+d"(c[0]), "+d"(c[1])
-      : "d"(a), "d"(b));
-#endif
-}
-// ranks k and k + 1 of row j of u or v (r a row) in shared memory as doubles.
-// mask (the last group of ranks only): 0 from rank r on, what is read there
-// being the next row's ranks or whatever follows the staged area.
-__device__ inline void dmma_pair(const float* m, int j, int k, int r, bool mask, double& a, double& b) {
-  const float* const q = m + j * r + k;
-  float2 f;
-  if ((r & 1) == 0) f = *reinterpret_cast<const float2*>(q);  // m 8-byte aligned, j r + k even
-  else f = float2{q[0], q[1]};
-  if (mask) f.x = k < r ? f.x : 0.f, f.y = k + 1 < r ? f.y : 0.f;
-  a = f.x, b = f.y;
-}
-// the operands every update of S takes from a tile: x[j0 + 2 q + s][8 mm + g]
-// (X^T's A operand) and v[j0 + 2 q + s][8 nt + g] (V's B operand), 0 from
-// rank r on. Rows past the chunk's last are zeros (dmma_zero_tail).
-template <int MT, int NT>
-__device__ inline void dmma_rows(const semisep_plan::StagedScan& p, const float* sm, int j0, int ri, int Di,
-                                 double (&xa)[2][MT], double (&vs)[2][NT]) {
-  const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    const int j = j0 + 2 * q + s;
-#pragma unroll
-    for (int mm = 0; mm < MT; ++mm) xa[s][mm] = static_cast<double>(sm[p.ox + (j + 1) * Di + 8 * mm + g]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int k = 8 * nt + g;
-      float vk = sm[p.ov + j * ri + k];
-      if (nt == NT - 1) vk = k < ri ? vk : 0.f;
-      vs[s][nt] = static_cast<double>(vk);
-    }
-  }
-}
-// The walks read whole tiles of 8 rows: where the chunk's rows end inside one
-// (a batch's last chunk), the rest of that tile of x, v and u is zeroed
-// (addresses the copies do not write; visible after the next barrier).
-__device__ inline void dmma_zero_tail(const semisep_plan::StagedScan& p, float* sm, int n, int ri, int Di) {
-  const int t = static_cast<int>(threadIdx.x), n8 = (n + 7) / 8 * 8, cx = (n8 - n) * Di, cr = (n8 - n) * ri;
-  for (int i = t; i < cx; i += 256) sm[p.ox + (n + 1) * Di + i] = 0.f;
-  for (int i = t; i < cr; i += 256) sm[p.ov + n * ri + i] = 0.f, sm[p.ou + n * ri + i] = 0.f;
-}
-template <int MT, int NT>
-__device__ inline void dmma_update(double (&S)[MT][NT][2], const double (&xa)[2][MT], const double (&vs)[2][NT]) {
-#pragma unroll
-  for (int s = 0; s < 2; ++s)
-#pragma unroll
-    for (int mm = 0; mm < MT; ++mm)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dmma884(S[mm][nt], xa[s][mm], vs[s][nt]);
-}
-// f(S[mm][nt][e], k, c) for each of this lane's elements of the state's
-// accumulators: S^T[c][k], rank k = 8 nt + 2 q + e, column c = 8 mm + g
-template <int MT, int NT, class F> __device__ inline void dmma_state_each(double (&S)[MT][NT][2], F f) {
-  const int lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mm = 0; mm < MT; ++mm)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) f(S[mm][nt][e], 8 * nt + 2 * q + e, 8 * mm + g);
-}
-// this warp's rows of the chunk: tiles of 8, TW of them a warp
-__device__ inline void dmma_span(const semisep_plan::StagedScan& p, int n, int& jw0, int& jw1) {
-  const int w = static_cast<int>(threadIdx.x) >> 5, TW = (p.Lg + 63) / 64;
-  jw0 = min(w * TW * 8, n), jw1 = min(jw0 + TW * 8, n);
-}
-
-// Phase 1 on tensor cores, once x and v are in (copy group 0; `later`: groups
-// committed after this chunk's two): each warp's sum to wt (f32, as the
-// one-pass kernel's walks), then the block's: a[q] the chunk's sum (f64) at
-// element pairs t + 256 q, wt the warps' exclusive prefix (scan3_block_totals).
-template <int MT, int KP>
-__device__ inline void dmma_phase1(const semisep_plan::StagedScan& p, float* sm, int n, int ri, int Di,
-                                   double2 (&a)[2], int later = 0) {
-  constexpr int NT = KP / 8;
-  const int w = static_cast<int>(threadIdx.x) >> 5;
-  float* const wt = sm + p.owt;
-  int jw0, jw1;
-  dmma_span(p, n, jw0, jw1);
-  double S[MT][NT][2];
-  dmma_zero_tail(p, sm, n, ri, Di);
-  __pipeline_wait_prior(1 + later);
-  __syncthreads();
-  dmma_state_each<MT, NT>(S, [](double& s, int, int) { s = 0.0; });
-  for (int j0 = jw0; j0 < jw1; j0 += 8) {
-    double xa[2][MT], vs[2][NT];
-    dmma_rows<MT, NT>(p, sm, j0, ri, Di, xa, vs);
-    __syncwarp();  // any branches of the loads joined before the mma below (they need the whole warp)
-    dmma_update<MT, NT>(S, xa, vs);
-  }
-  dmma_state_each<MT, NT>(S, [&](double& s, int k, int c) {
-    if (k < ri) wt[(w * ri + k) * Di + c] = static_cast<float>(s);
-  });
-  scan3_block_totals(wt, ri * Di, a);
-}
-// Phase 2 on tensor cores, once u is in (`later` as above) and the chunk's
-// exclusive prefix is in E (shared, r x D doubles; written before the barrier
-// here): the state at this warp's first row (E and wt), then every tile's
-// products and y.
-template <int MT, int KP>
-__device__ inline void dmma_phase2(const semisep_plan::StagedScan& p, const float* sm, const double* E, float* y,
-                                   i64 b, i64 N, i64 i0, int n, int ri, int Di, int later = 0) {
-  constexpr int NT = KP / 8, KS = KP / 4;
-  const int t = static_cast<int>(threadIdx.x), lane = t & 31, w = t >> 5, g = lane >> 2, q = lane & 3;
-  const int rD = ri * Di;
-  const float* const wt = sm + p.owt;
-  int jw0, jw1;
-  dmma_span(p, n, jw0, jw1);
-  double S[MT][NT][2];
-  __pipeline_wait_prior(later);
-  __syncthreads();
-  dmma_state_each<MT, NT>(S, [&](double& s, int k, int c) {
-    const int el = k * Di + c;
-    s = k < ri ? E[el] + static_cast<double>(wt[w * rD + el]) : 0.0;
-  });
-  float* const yb = y + (b * N + i0) * Di;
-  for (int j0 = jw0; j0 < jw1; j0 += 8) {
-    const int ji = j0 + g;  // row i of G's and U's operands
-    double ua[KS], va[KS], G[2] = {0.0, 0.0};
-#pragma unroll
-    for (int m = 0; m < KS / 2; ++m) {  // rank steps 2 m and 2 m + 1; ranks past r only in the last
-      dmma_pair(sm + p.ou, ji, 8 * m + 2 * q, ri, m == KS / 2 - 1, ua[2 * m], ua[2 * m + 1]);
-      dmma_pair(sm + p.ov, ji, 8 * m + 2 * q, ri, m == KS / 2 - 1, va[2 * m], va[2 * m + 1]);
-    }
-    double xa[2][MT], vs[2][NT], Y[MT][2];
-    dmma_rows<MT, NT>(p, sm, j0, ri, Di, xa, vs);
-    __syncwarp();  // the loads' branches joined before the mma below
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) dmma884(G, ua[kk], va[kk]);  // G = U_t V_t^T
-    // G[g][2 q + e] kept where row j = 2 q + e is at or before row i = g
-#pragma unroll
-    for (int e = 0; e < 2; ++e) G[e] = 2 * q + e <= g ? G[e] : 0.0;
-#pragma unroll
-    for (int mm = 0; mm < MT; ++mm) {
-      Y[mm][0] = Y[mm][1] = 0.0;
-#pragma unroll
-      for (int s = 0; s < 2; ++s) dmma884(Y[mm], xa[s][mm], G[s]);  // X^T G^T
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) dmma884(Y[mm], S[mm][kk >> 1][kk & 1], ua[kk]);  // S^T U^T
-    }
-    dmma_update<MT, NT>(S, xa, vs);
-    // Y^T[8 mm + g][2 q + e]: row j0 + 2 q + e, column 8 mm + g, with d_i x_i + lo_{i-1} x_{i-1}
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int j = j0 + 2 * q + e;
-      if (j >= jw1) continue;
-      const float di = sm[p.od + j], li = sm[p.olo + j];
-#pragma unroll
-      for (int mm = 0; mm < MT; ++mm) {
-        const int col = 8 * mm + g;
-        const float band = fmaf(li, sm[p.ox + j * Di + col], di * sm[p.ox + (j + 1) * Di + col]);
-        yb[static_cast<i64>(j) * Di + col] = band + static_cast<float>(Y[mm][e]);
-      }
-    }
-  }
-}
-
-// MT > 0: phases 1 and 2 on tensor cores (dmma_phase1, dmma_phase2; KB = r
-// rounded up to 8, MT = D / 8)
-template <int KB, bool kExact, int MT>
+template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, const float* d, const float* lo,
                                                               const float* u, const float* v, float* y, int* flags,
                                                               int* counter, float* agg, double* inc, i64 N, i64 D, i64 r, i64 nc,
@@ -1705,9 +1512,9 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
   const i64 id = s_id, b = id / nc, c = id % nc, i0 = c * p.Lg;
   const int n = static_cast<int>(N - i0 < p.Lg ? N - i0 : p.Lg);
   scan3_copy(p, sm, x, d, lo, u, v, b, N, D, r, i0, n);
-  [[maybe_unused]] float P[2][KB];  // the scalar walks' sub-chunk prefixes (MT = 0)
+  float P[2][KB];  // the walks' sub-chunk prefixes
   double2 a[2], ex[2] = {double2{0, 0}, double2{0, 0}};
-  // skip, timing only (bench variants 17 to 19; y is then not the product): bit 0 no walks (zero sums
+  // skip, timing only (bench variants 15 to 17; y is then not the product): bit 0 no walks (zero sums
   // published, y written as zeros), bit 1 no look-back (nothing published or waited for, a zero prefix)
   if (skip & 1) {
     __pipeline_wait_prior(1);  // x and v, as phase 1
@@ -1717,10 +1524,8 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int kk = 0; kk < KB; ++kk) P[h][kk] = 0.f;
-  } else if constexpr (MT == 0) {
-    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
   } else {
-    dmma_phase1<MT, KB>(p, sm, n, ri, Di, a);
+    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, a);
   }
   // the chunk's sum, published (rounded to f32: the walks summed it in f32);
   // then the look-back for its exclusive prefix, added in f64 (inclusive
@@ -1737,10 +1542,8 @@ __global__ void __launch_bounds__(256, 2) causal_scan3_kernel(const float* x, co
     __syncthreads();
     float4* const y4 = reinterpret_cast<float4*>(y + (b * N + i0) * D);  // the bench's D: a multiple of 4
     for (int e = t; e < n * Di / 4; e += 256) y4[e] = float4{0.f, 0.f, 0.f, 0.f};
-  } else if constexpr (MT == 0) {
-    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
   } else {
-    dmma_phase2<MT, KB>(p, sm, E, y, b, N, i0, n, ri, Di);
+    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, N, i0, n, ri, Di);
   }
 }
 
@@ -1748,37 +1551,10 @@ bool scan3_applies(const SemisepDims& dm) {
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   return p.fits && p.smem_bytes <= block_smem_optin();
 }
-// Whether a tensor-core kernel runs here (its shape already taken by
-// dmma_by_shape): the one-pass kernel's plan, a device of compute capability
-// 8.0 or later and code for it (a build whose code for this device is older
-// has an empty mma).
-bool dmma_applies(const SemisepDims& dm, const void* kernel) {
-  if (!scan3_applies(dm)) return false;
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, bool> usable;
-  int dev = 0;
-  check_call(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = usable.try_emplace({dev, kernel}, false);
-  if (fresh) {
-    int major = 0;
-    cudaFuncAttributes fa{};
-    check_call(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    bool attrs = false;
-    if (major >= 8) {
-      attrs = cudaFuncGetAttributes(&fa, kernel) == cudaSuccess;
-      if (!attrs) (void)cudaGetLastError();  // that refusal only: the scalar kernels run instead
-    }
-    it->second = attrs && fa.ptxVersion >= 80;
-  }
-  return it->second;
-}
-// MT > 0: on tensor cores, false (nothing launched) where they do not run here
-template <int KB, bool kExact, int MT = 0>
-bool causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
+template <int KB, bool kExact>
+void causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
                      const float* v, float* y, void* ws, int skip = 0) {
-  auto kernel = causal_scan3_kernel<KB, kExact, MT>;
-  if (MT > 0 && !dmma_applies(dm, reinterpret_cast<const void*>(kernel))) return false;
+  auto kernel = causal_scan3_kernel<KB, kExact>;
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   const i64 nc = (dm.N + p.Lg - 1) / p.Lg, blocks = dm.B * nc, rD = dm.r * dm.D;
   // flags for the chunks and the counter; then the chunks' sums (f32) and inclusive prefixes (f64)
@@ -1791,8 +1567,7 @@ bool causal_scan3_kb(const SemisepDims& dm, const float* x, const float* d, cons
   allow_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(blocks), 256, smem>>>(x, d, lo, u, v, y, flags, flags + blocks, agg, inc, dm.N, dm.D,
                                                        dm.r, nc, p, skip);
-  check_launch(MT > 0 ? "semiseparable_matvec (causal, one pass, tensor cores)" : "semiseparable_matvec (causal, one pass)");
-  return true;
+  check_launch("semiseparable_matvec (causal, one pass)");
 }
 // f(kb, exact) with kb = std::integral_constant<int, KB>: even r, a kernel for
 // that rank exactly; odd r, r rounded up to 4, masked
@@ -1825,31 +1600,7 @@ void causal_scan3(const SemisepDims& dm, const float* x, const float* d, const f
   });
 }
 
-// f(mt, kp) (std::integral_constant<int, ...>: MT = D / 8, KP = r rounded up
-// to 8) where the tensor-core kernels take the shape (D 8 or 16, r <= 24: the
-// one-pass plan fits no larger r at these D, tests/gpu_plans.cpp); false if
-// they do not, else what f returns
-template <class F> bool dmma_by_shape(const SemisepDims& dm, F f) {
-  using std::integral_constant;
-  if (!(dm.D == 8 || dm.D == 16) || dm.r < 1 || dm.r > 24) return false;
-  auto by_kp = [&](auto mt) -> bool {
-    switch ((dm.r + 7) / 8) {
-      case 1: return f(mt, integral_constant<int, 8>{});
-      case 2: return f(mt, integral_constant<int, 16>{});
-      default: return f(mt, integral_constant<int, 24>{});
-    }
-  };
-  return dm.D == 8 ? by_kp(integral_constant<int, 1>{}) : by_kp(integral_constant<int, 2>{});
-}
-void causal_dmma(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
-                 const float* v, float* y, void* ws) {
-  const bool ran = dmma_by_shape(dm, [&](auto mt, auto kp) {
-    return causal_scan3_kb<decltype(kp)::value, true, decltype(mt)::value>(dm, x, d, lo, u, v, y, ws);
-  });
-  if (!ran) causal_scan3(dm, x, d, lo, u, v, y, ws);
-}
-
-// ---- the causal product in rounds, x and v kept in L2 (variants 7 to 10, and 12 on tensor cores) ----
+// ---- the causal product in rounds, x and v kept in L2 (variants 7 to 10) ----
 // The one-pass kernel waits in its look-back: a chunk needs the prefix of the
 // chunks before it while they are still running, and the later the look-back
 // runs, the more chunks it finds without one (docs/benchmarks.md). Here each
@@ -1914,7 +1665,7 @@ struct RoundsArgs {
   double* rin;
   i64 N, D, r, nc, total, rounds;  // rounds per batch
   int Rc, lag;
-  // timing only (bench variants 13 to 16; y is then not the product): bit 0 skips A's walk (its sums are
+  // timing only (bench variants 11 to 14; y is then not the product): bit 0 skips A's walk (its sums are
   // zeros), bit 1 B's phase 1 (its warps start from garbage), bit 2 B's phase 2 (y written as zeros)
   int skip;
 };
@@ -1983,9 +1734,7 @@ __device__ inline void rounds_scan(const RoundsArgs& a, i64 b, i64 t, int nP, in
   if (tid == 0) st_release(f_pre + gr, 1);
 }
 
-// MT > 0: phases 1 and 2 on tensor cores (dmma_phase1, dmma_phase2; KB = r
-// rounded up to 8, MT = D / 8)
-template <int KB, bool kExact, int MT>
+template <int KB, bool kExact>
 __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, const float* d, const float* lo,
                                                                const float* u, const float* v, float* y, RoundsArgs a,
                                                                semisep_plan::StagedScan p) {
@@ -2017,11 +1766,9 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
       __syncthreads();
 #pragma unroll
       for (int q = 0; q < kPr; ++q) s[q] = double2{0.0, 0.0};
-    } else if constexpr (MT == 0) {
+    } else {
       float P[2][KB];
       scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
-    } else {
-      dmma_phase1<MT, KB>(p, sm, n, ri, Di, s);
     }
     __pipeline_wait_prior(0);  // the empty group
 #pragma unroll
@@ -2047,39 +1794,33 @@ __global__ void __launch_bounds__(256, 2) causal_rounds_kernel(const float* x, c
 #pragma unroll
   for (int q = 0; q < kPr; ++q)
     if (tid + 256 * q < nP) reinterpret_cast<double2*>(E)[tid + 256 * q] = __ldcg(a.E + id * nP + tid + 256 * q);
-  if constexpr (MT == 0) {
-    float P[2][KB];
-    if (a.skip & 2) {  // timing only
-      __pipeline_wait_prior(1);
-      __syncthreads();
+  float P[2][KB];
+  if (a.skip & 2) {  // timing only
+    __pipeline_wait_prior(1);
+    __syncthreads();
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int kk = 0; kk < KB; ++kk) P[h][kk] = 0.f;
-    } else {
-      scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);
-    }
-    if (a.skip & 4) {  // timing only: y's bytes written, no products
-      __pipeline_wait_prior(0);
-      __syncthreads();
-      float4* const y4 = reinterpret_cast<float4*>(y + (b * a.N + i0) * a.D);  // the bench's D: a multiple of 4
-      for (int e = tid; e < n * Di / 4; e += 256) y4[e] = float4{0.f, 0.f, 0.f, 0.f};
-    } else {
-      scan3_phase2<KB, kExact>(p, sm, E, P, y, b, a.N, i0, n, ri, Di);
-    }
+      for (int kk = 0; kk < KB; ++kk) P[h][kk] = 0.f;
   } else {
-    dmma_phase1<MT, KB>(p, sm, n, ri, Di, s);  // the warps' prefixes again
-    dmma_phase2<MT, KB>(p, sm, E, y, b, a.N, i0, n, ri, Di);
+    scan3_phase1<KB, kExact>(p, sm, n, ri, Di, P, s);  // the warps' prefixes again
+  }
+  if (a.skip & 4) {  // timing only: y's bytes written, no products
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    float4* const y4 = reinterpret_cast<float4*>(y + (b * a.N + i0) * a.D);  // the bench's D: a multiple of 4
+    for (int e = tid; e < n * Di / 4; e += 256) y4[e] = float4{0.f, 0.f, 0.f, 0.f};
+  } else {
+    scan3_phase2<KB, kExact>(p, sm, E, P, y, b, a.N, i0, n, ri, Di);
   }
 }
 
 // false where the workspace does not hold the layout (the launcher runs the
 // one-pass kernel then)
-template <int KB, bool kExact, int MT = 0>
+template <int KB, bool kExact>
 bool causal_rounds_kb(const SemisepDims& dm, const float* x, const float* d, const float* lo, const float* u,
                       const float* v, float* y, void* ws, int Rc, int lag, int skip = 0) {
-  auto kernel = causal_rounds_kernel<KB, kExact, MT>;
-  if (MT > 0 && !dmma_applies(dm, reinterpret_cast<const void*>(kernel))) return false;
+  auto kernel = causal_rounds_kernel<KB, kExact>;
   const semisep_plan::StagedScan p = semisep_plan::staged_scan(dm.r, dm.D);
   const semisep_plan::RoundsLayout L = semisep_plan::staged_rounds_layout(dm.B, dm.N, dm.D, dm.r, Rc);
   if (!p.fits || Rc < 1 || lag < 1 || L.bytes == 0 ||  // lag >= 1: every wait is on a lower ticket
@@ -2104,16 +1845,12 @@ void causal_rounds(const SemisepDims& dm, const float* x, const float* d, const 
                    const float* v, float* y, void* ws, int variant) {
   // 7: rounds of 32 chunks, a B 7 rounds of tickets after its round's last A
   // (M = 256 chunks of x and v, 15 MB at r = 22, D = 16, held in L2); 8: 64
-  // and 4; 9: 16 and 16; 10: 32 and 16 (30 MB); 12: as 10, on tensor cores
-  // where they take the shape (else as 10); 13 to 16, timing only (y is not
-  // the product): as 7 without any walk, without A's, B's phase 1, B's phase 2
+  // and 4; 9: 16 and 16; 10: 32 and 16 (30 MB); 11 to 14, timing only (y is
+  // not the product): as 7 without any walk, without A's, B's phase 1, B's
+  // phase 2
   const int Rc = variant == 8 ? 64 : variant == 9 ? 16 : 32,
-            lag = variant == 8 ? 4 : variant == 9 || variant == 10 || variant == 12 ? 16 : 8,
-            skip = variant == 13 ? 7 : variant == 14 ? 1 : variant == 15 ? 2 : variant == 16 ? 4 : 0;
-  if (variant == 12 && dmma_by_shape(dm, [&](auto mt, auto kp) {
-        return causal_rounds_kb<decltype(kp)::value, true, decltype(mt)::value>(dm, x, d, lo, u, v, y, ws, Rc, lag);
-      }))
-    return;
+            lag = variant == 8 ? 4 : variant == 9 || variant == 10 ? 16 : 8,
+            skip = variant == 11 ? 7 : variant == 12 ? 1 : variant == 13 ? 2 : variant == 14 ? 4 : 0;
   scan3_by_rank(dm.r, [&](auto kb, auto exact) {
     constexpr int KB = decltype(kb)::value;
     constexpr bool kExact = decltype(exact)::value;
@@ -2291,9 +2028,10 @@ void causal_cluster(const SemisepDims& dm, const float* x, const float* d, const
 // staged_scan_ws_bytes), else as 2; 4 and 0 (the default): as 3, tiles copied
 // in bulk where the device and the alignment allow; 5 and 6: as 4, the causal
 // product in clusters of 8 and 4 chunks where they can run (else as 4); 7 to
-// 10: as 4, the causal product in rounds (causal_rounds_kb); 11: as 4, the
-// causal product on FP64 tensor cores where it applies (causal_dmma); 12: as
-// 10 on FP64 tensor cores where they apply.
+// 10: as 4, the causal product in rounds (causal_rounds_kb). Timing only (y is
+// then not the product, docs/benchmarks.md): 11 to 14, parts of 7 left out
+// (causal_rounds); 15 to 17, the one-pass kernel without its walks, without
+// its look-back, without either.
 template <class T>
 void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, const T* up, const T* lo, const T* u,
                   const T* v, T* y, T* S, int variant, int upto) {
@@ -2306,8 +2044,7 @@ void matvec_tiled(const SemisepDims& dm, bool causal, const T* x, const T* d, co
     if (v3 && causal && scan3_applies(dm)) {  // one pass, its own chunks: no stages to stop after
       if (upto != 3) return;
       if (variant == 5 || variant == 6) causal_cluster(dm, x, d, lo, u, v, y, S, variant == 5 ? 8 : 4);
-      else if (variant == 11) causal_dmma(dm, x, d, lo, u, v, y, S);
-      else if (variant >= 17) causal_scan3(dm, x, d, lo, u, v, y, S, variant == 17 ? 1 : variant == 18 ? 2 : 3);
+      else if (variant >= 15) causal_scan3(dm, x, d, lo, u, v, y, S, variant - 14);  // skip 1, 2, 3
       else if (variant >= 7) causal_rounds(dm, x, d, lo, u, v, y, S, variant);
       else causal_scan3(dm, x, d, lo, u, v, y, S);
       return;

@@ -25,8 +25,8 @@ namespace {
 std::atomic<int> g_gpu_matvec_variant{0};
 }  // namespace
 int set_gpu_matvec_variant(int v) {
-  if (v < 0 || v > 12)
-    throw Error(fmt::format("semisep::set_gpu_matvec_variant: variant {} is not one of 0 .. 12", v));
+  if (v < 0 || v > 10)
+    throw Error(fmt::format("semisep::set_gpu_matvec_variant: variant {} is not one of 0 .. 10", v));
   return g_gpu_matvec_variant.exchange(v);
 }
 int gpu_matvec_variant() { return g_gpu_matvec_variant.load(); }

@@ -38,12 +38,10 @@ void set_stream_min_bytes(std::size_t bytes);  // 0 counts as 1
 // with bulk copies, 5 and 6 as 4 with the causal product in clusters of 8
 // and 4 chunks (sm_90), 7 to 10 as 4 with the causal product in rounds that
 // keep x and v in L2 (rounds of 32, 64, 16 and 32 chunks, B tasks 8, 4, 16
-// and 16 rounds of tickets behind), 11 as 4 with the causal product on FP64
-// tensor cores (D 8 or 16, r <= 24, sm_80 and later; a non-finite x_j there
-// also makes y NaN in up to 7 rows before j), 12 as 10 on FP64 tensor cores;
-// each where it applies, else as 4 (12: as 10); any other value is an
-// ad::Error. Returns the previous setting; for tests and
-// benchmarks that compare them.
+// and 16 rounds of tickets behind); each where it applies, else as 4; any
+// other value is an ad::Error (the benchmark's timing-only kernels, 11 on,
+// are not products). Returns the previous setting; for tests and benchmarks
+// that compare them.
 int set_gpu_matvec_variant(int v);
 int gpu_matvec_variant();
 // How the full backward runs at r <= 4 (f32, D a multiple of 8, every
