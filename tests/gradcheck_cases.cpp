@@ -325,6 +325,17 @@ void reductions(CaseList& c, Rng& rng) {
     c.add(OpId::log_softmax, label, {randn64(a.s, rng, 0, 2)},
           [axis](const std::vector<Var>& v) { return log_softmax(v[0], axis); });
   }
+  // their backward ops (y, dy) along an axis: the second derivatives (y free, as a double backward sees it)
+  struct B { Shape s; int axis; };
+  for (const B& b : {B{{3, 5}, 1}, B{{3, 5}, 0}, B{{2, 3, 4}, 1}, B{{6}, 0}}) {
+    Attrs at;
+    at.axis = b.axis;
+    auto label = fmt::format("{} axis {}", b.s.str(), b.axis);
+    c.add(OpId::softmax_backward, label, {uniform64(b.s, rng, 0.05, 0.6), randn64(b.s, rng)},
+          [at](const std::vector<Var>& v) { return make_node(OpId::softmax_backward, {v[0], v[1]}, at); });
+    c.add(OpId::log_softmax_backward, label, {uniform64(b.s, rng, -3.0, -0.2), randn64(b.s, rng)},
+          [at](const std::vector<Var>& v) { return make_node(OpId::log_softmax_backward, {v[0], v[1]}, at); });
+  }
 }
 
 // ---- normalisation, losses, dropout ----
@@ -350,6 +361,23 @@ void nn_ops(CaseList& c, Rng& rng) {
           {randn64(ls, rng, 0, 2), Tensor::randint(ys, rng, ls.back())},
           [red](const std::vector<Var>& v) { return cross_entropy(v[0], v[1], red); });
   }
+  // cross_entropy_backward (logits, labels, dy): its gradients in the logits and in dy, and the same
+  // reached as grad() of cross_entropy inside a larger graph (a gradient penalty)
+  for (const CE& ce : {CE{{4, 5}, Reduction::mean}, CE{{2, 3, 4}, Reduction::sum}, CE{{1, 6}, Reduction::mean}}) {
+    Shape ls = ce.logits, ys = ls;
+    ys.pop_back();
+    Attrs at;
+    at.reduction = ce.red;
+    c.add(OpId::cross_entropy_backward, fmt::format("{} {}", ls.str(), ce.red == Reduction::mean ? "mean" : "sum"),
+          {randn64(ls, rng, 0, 2), Tensor::randint(ys, rng, ls.back()), randn64({}, rng, 1, 0.5)},
+          [at](const std::vector<Var>& v) { return make_node(OpId::cross_entropy_backward, {v[0], v[1], v[2]}, at); });
+  }
+  c.add(OpId::cross_entropy_backward, "grad of cross_entropy(x W) in W, squared",
+        {randn64({3, 4}, rng), randn64({4, 5}, rng, 0, 0.7), Tensor::randint({3}, rng, 5)},
+        [](const std::vector<Var>& v) {
+          Var gw = grad(cross_entropy(matmul(v[0], v[1]), v[2]), {v[1]})[0];
+          return mul(gw, gw);
+        });
   struct MS { Shape s; Reduction red; };
   const MS mses[] = {{{3, 4}, Reduction::mean}, {{3, 4}, Reduction::sum}, {{2, 3, 2}, Reduction::mean}, {{7}, Reduction::sum}};
   for (const MS& m : mses) {

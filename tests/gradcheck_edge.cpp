@@ -1,6 +1,7 @@
 // Edge behaviour of the softmax family (huge inputs, all -inf rows) and the
 // accuracy of the f32 kernels (fast exp/tanh/erf of src/core/math.hpp)
 // against the f64 ones. Part of the gradcheck suite (names match *grad*).
+#include <cmath>
 #include <limits>
 
 #include <doctest/doctest.h>
@@ -90,7 +91,7 @@ TEST_CASE("gradcheck softmax family: inputs at +-1e4 stay finite and exact") {
   }
 }
 
-TEST_CASE("gradcheck softmax family: an all -inf row gives -inf / 0 / -inf and gradient 0") {
+TEST_CASE("gradcheck softmax family: an all -inf row gives -inf / 0 / -inf and gradient 0 (second too)") {
   Rng rng(22);
   for (int axis : {1, 0}) {
     Layout l{axis, 3, 5}, live{axis, 2, 5};  // lane 1 is dead; `live` holds lanes 0 and 2
@@ -125,14 +126,51 @@ TEST_CASE("gradcheck softmax family: an all -inf row gives -inf / 0 / -inf and g
         wl.data<double>()[yat(live, 0, j)] = wt.data<double>()[yat(l, 0, j)];
         wl.data<double>()[yat(live, 1, j)] = wt.data<double>()[yat(l, 2, j)];
       }
-      auto gx = eval(grad(sum(mul(y, g.input(wt))), {x})[0]).to_vector();
-      auto gl = eval(grad(sum(mul(yl, g.input(wl))), {xl})[0]).to_vector();
+      Var gxv = grad(sum(mul(y, g.input(wt))), {x})[0], glv = grad(sum(mul(yl, g.input(wl))), {xl})[0];
+      auto gx = eval(gxv).to_vector(), gl = eval(glv).to_vector();
       for (std::int64_t j = 0; j < l.len; ++j) {
         CHECK(gx[l.at(1, j)] == 0.0);  // not NaN
         CHECK(gx[l.at(0, j)] == doctest::Approx(gl[live.at(0, j)]).epsilon(1e-14));
         CHECK(gx[l.at(2, j)] == doctest::Approx(gl[live.at(1, j)]).epsilon(1e-14));
       }
+      if (f == Fam::logsumexp) continue;  // logsumexp_backward has no backward rule
+      // differentiated twice (softmax_backward's and log_softmax_backward's rules): 0 on the dead lane too
+      Tensor w2 = randn64(x.shape(), rng), w2l = Tensor::empty(xl.shape(), DType::f64);
+      for (std::int64_t j = 0; j < l.len; ++j) {
+        w2l.data<double>()[live.at(0, j)] = w2.data<double>()[l.at(0, j)];
+        w2l.data<double>()[live.at(1, j)] = w2.data<double>()[l.at(2, j)];
+      }
+      auto hx = eval(grad(sum(mul(gxv, g.input(w2))), {x})[0]).to_vector();
+      auto hl = eval(grad(sum(mul(glv, g.input(w2l))), {xl})[0]).to_vector();
+      for (std::int64_t j = 0; j < l.len; ++j) {
+        CHECK(hx[l.at(1, j)] == 0.0);
+        CHECK(hx[l.at(0, j)] == doctest::Approx(hl[live.at(0, j)]).epsilon(1e-13));
+        CHECK(hx[l.at(2, j)] == doctest::Approx(hl[live.at(1, j)]).epsilon(1e-13));
+      }
     }
+  }
+}
+
+TEST_CASE("gradcheck log_softmax_backward on an all -inf row: 0, and 0 in its gradient in dy") {
+  // z = dy - exp(y) sum(dy) on a live row, 0 on a row of y all -inf: so d/d(dy) is 0 there, not g
+  Rng rng(23);
+  Tensor yt = randn64({3, 4}, rng, -2.0, 0.5);
+  for (int j = 0; j < 4; ++j) yt.data<double>()[4 + j] = -INFINITY;  // row 1 dead
+  PGraph g;
+  Var y = g.input(yt), dy = g.input(randn64({3, 4}, rng));
+  Attrs at;
+  at.axis = 1;
+  Var z = make_node(OpId::log_softmax_backward, {y, dy}, at);
+  auto zv = eval(z).to_vector();
+  Tensor w = randn64({3, 4}, rng);
+  auto gd = eval(grad(sum(mul(z, g.input(w))), {dy})[0]).to_vector();
+  const double* pw = w.data<double>();
+  for (int j = 0; j < 4; ++j) {
+    CHECK(zv[static_cast<std::size_t>(4 + j)] == 0.0);
+    CHECK(gd[static_cast<std::size_t>(4 + j)] == 0.0);
+    double s = 0;  // a live row: w_j - sum_k w_k exp(y_k)
+    for (int k = 0; k < 4; ++k) s += pw[k] * std::exp(yt.data<double>()[k]);
+    CHECK(gd[static_cast<std::size_t>(j)] == doctest::Approx(pw[j] - s).epsilon(1e-14));
   }
 }
 

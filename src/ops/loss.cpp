@@ -101,11 +101,27 @@ AD_CUDA_ONLY(void cross_entropy_backward_cuda(const KernelArgs& k) {
   cuda_k::cross_entropy_backward(k.out.dtype(), k[0].raw(), y, k[2].raw(), k.out.raw(), rows, c,
                                  k.attrs.reduction == Reduction::mean);
 })
+// double backward of z = (softmax(logits) - onehot(labels)) dy [/ rows] (dy a scalar): d/dlogits =
+// softmax_backward(softmax(logits), g dy [/ rows]) along the class axis; d/d(dy) = sum(g z) at dy = 1.
+// The labels are integers: no gradient.
+void cross_entropy_backward_bwd(BackwardArgs& a) {
+  const Var &logits = a.in[0], &labels = a.in[1], &dy = a.in[2], &g = a.dout;
+  if (a.needs[0]) {
+    Var w = mul(g, dy);
+    if (a.attrs.reduction == Reduction::mean) w = div_scalar(w, static_cast<double>(labels.shape().numel()));
+    Attrs at;
+    at.axis = logits.shape().rank() - 1;
+    a.grad[0] = make_node(OpId::softmax_backward, {softmax(logits, -1), w}, at);
+  }
+  if (a.needs[2])
+    a.grad[2] = sum(mul(g, make_node(OpId::cross_entropy_backward,
+                                     {logits, labels, full(dy, Shape{}, 1.0, dy.dtype())}, a.attrs)));
+}
 const OpDef op_def_cross_entropy_backward{.name = "cross_entropy_backward", .args = "logits,labels,dy", .arity = 3,
                                           .infer = infer_cross_entropy_backward,
                                           .cpu = cross_entropy_backward_cpu,
                                           .cuda = AD_CUDA_FN(cross_entropy_backward_cuda),
-                                          .no_grad = "double backward is not supported"};
+                                          .backward = cross_entropy_backward_bwd};
 
 // ---- mse ----  mean or sum of (a - b)^2 -> []; d/da = 2 (a - b) dy [/ n]; saves both inputs
 Meta infer_mse(const InferArgs& a) {

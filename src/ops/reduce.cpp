@@ -361,9 +361,18 @@ void softmax_backward_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void softmax_backward_cuda(const KernelArgs& k) {
   cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::softmax_backward, {k[0].raw(), k[1].raw()}, k.out.raw());
 })
+// double backward, for g = d/dz of z = y (dy - s), s = sum(dy y) along the axis (y taken as a free input;
+// its gradient flows on through softmax's own backward): d/d(dy) = softmax_backward(y, g),
+// d/dy = g (dy - s) - dy sum(g y)
+void softmax_backward_bwd(BackwardArgs& a) {
+  const Var &y = a.in[0], &dy = a.in[1], &g = a.dout;
+  const Shape ax{a.attrs.axis};
+  if (a.needs[1]) a.grad[1] = make_node(OpId::softmax_backward, {y, g}, a.attrs);
+  if (a.needs[0]) a.grad[0] = sub(mul(g, sub(dy, sum(mul(dy, y), ax, true))), mul(dy, sum(mul(g, y), ax, true)));
+}
 const OpDef op_def_softmax_backward{.name = "softmax_backward", .args = "y,dy", .arity = 2,
                                     .infer = infer_softmax_backward, .cpu = softmax_backward_cpu, .cuda = AD_CUDA_FN(softmax_backward_cuda),
-                                    .no_grad = "double backward is not supported"};
+                                    .backward = softmax_backward_bwd};
 
 // ---- log_softmax ----  x - lse along axis; all -inf row -> -inf; saves output
 void log_softmax_cpu(const KernelArgs& k) {
@@ -396,8 +405,17 @@ void log_softmax_backward_cpu(const KernelArgs& k) {
 AD_CUDA_ONLY(void log_softmax_backward_cuda(const KernelArgs& k) {
   cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::log_softmax_backward, {k[0].raw(), k[1].raw()}, k.out.raw());
 })
+// double backward of z = dy - e sum(dy), e = exp(y) along the axis (z = 0 on a row of y all -inf, where
+// e is all 0): d/d(dy) = g - sum(g e), 0 on such a row; d/dy = -g e sum(dy)
+void log_softmax_backward_bwd(BackwardArgs& a) {
+  const Var &y = a.in[0], &dy = a.in[1], &g = a.dout;
+  const Shape ax{a.attrs.axis};
+  const Var e = exp(y);
+  if (a.needs[1]) a.grad[1] = where(greater(sum(e, ax, true), 0.0), sub(g, sum(mul(g, e), ax, true)), 0.0);
+  if (a.needs[0]) a.grad[0] = neg(mul(mul(g, e), sum(dy, ax, true)));
+}
 const OpDef op_def_log_softmax_backward{.name = "log_softmax_backward", .args = "y,dy", .arity = 2,
                                         .infer = infer_softmax_backward, .cpu = log_softmax_backward_cpu, .cuda = AD_CUDA_FN(log_softmax_backward_cuda),
-                                        .no_grad = "double backward is not supported"};
+                                        .backward = log_softmax_backward_bwd};
 
 }  // namespace ad
