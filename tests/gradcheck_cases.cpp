@@ -325,6 +325,16 @@ void reductions(CaseList& c, Rng& rng) {
     c.add(OpId::log_softmax, label, {randn64(a.s, rng, 0, 2)},
           [axis](const std::vector<Var>& v) { return log_softmax(v[0], axis); });
   }
+  // logsumexp_backward (x, y, dy), y free around the rows' logsumexp, kept dim or not
+  struct L { Shape x, y; int axis; bool keepdim; };
+  for (const L& l : {L{{3, 5}, {3}, 1, false}, L{{3, 5}, {1, 5}, 0, true}, L{{2, 3, 4}, {2, 4}, 1, false}}) {
+    Attrs at;
+    at.axis = l.axis;
+    at.keepdim = l.keepdim;
+    c.add(OpId::logsumexp_backward, fmt::format("{} axis {}{}", l.x.str(), l.axis, l.keepdim ? " keepdim" : ""),
+          {randn64(l.x, rng), uniform64(l.y, rng, 1.0, 2.0), randn64(l.y, rng)},
+          [at](const std::vector<Var>& v) { return make_node(OpId::logsumexp_backward, {v[0], v[1], v[2]}, at); });
+  }
   // their backward ops (y, dy) along an axis: the second derivatives (y free, as a double backward sees it)
   struct B { Shape s; int axis; };
   for (const B& b : {B{{3, 5}, 1}, B{{3, 5}, 0}, B{{2, 3, 4}, 1}, B{{6}, 0}}) {

@@ -321,9 +321,21 @@ AD_CUDA_ONLY(void logsumexp_backward_cuda(const KernelArgs& k) {
   cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::logsumexp_backward,
                    {k[0].raw(), k[1].raw(), k[2].raw()}, k.out.raw());
 })
+// double backward of z = dy exp(x - y) along the axis (y free; z = 0 where y = -inf): d/dx = g z,
+// d/dy = -sum(g z), d/d(dy) = sum(g e) with e the op at dy = 1 (its -inf guard included); sums over the
+// axis, kept or not as logsumexp kept it
+void logsumexp_backward_bwd(BackwardArgs& a) {
+  const Var &x = a.in[0], &y = a.in[1], &dy = a.in[2], &g = a.dout;
+  const Shape ax{a.attrs.axis};
+  const Var gz = mul(g, a.out);
+  if (a.needs[0]) a.grad[0] = gz;
+  if (a.needs[1]) a.grad[1] = neg(sum(gz, ax, a.attrs.keepdim));
+  if (a.needs[2])
+    a.grad[2] = sum(mul(g, make_node(OpId::logsumexp_backward, {x, y, ones_like(dy)}, a.attrs)), ax, a.attrs.keepdim);
+}
 const OpDef op_def_logsumexp_backward{.name = "logsumexp_backward", .args = "x,y,dy", .arity = 3,
                                       .infer = infer_logsumexp_backward, .cpu = logsumexp_backward_cpu, .cuda = AD_CUDA_FN(logsumexp_backward_cuda),
-                                      .no_grad = "double backward is not supported"};
+                                      .backward = logsumexp_backward_bwd};
 
 // ---- softmax ----  exp(x - lse) along axis; all -inf row -> 0; saves output
 void softmax_cpu(const KernelArgs& k) {
