@@ -53,7 +53,9 @@ TEST_CASE("gradcheck") {
 // cast to f32) against the CPU: a case whose build fixes a dtype of its own
 // (a constant made in f64, say) then mixes dtypes and throws there, where no
 // CI machine sees it. Here the same f32 run on the CPU, forward and gradients,
-// within f32 rounding of the f64 run (relative to max(1, |value|)).
+// each value within 1e-4 of its f64 run relative to the largest |value| of
+// that output (f32 rounding through a few ops, not a wrong formula), infs
+// and NaNs where the f64 run has them.
 TEST_CASE("every gradcheck case also runs in f32, near its f64 result") {
   const auto cases = gradcheck_cases();
   auto run = [](const GradCase& c, DType t) {
@@ -74,21 +76,29 @@ TEST_CASE("every gradcheck case also runs in f32, near its f64 result") {
   for (const auto& c : cases) {
     INFO(fmt::format("{} {}", op_name(c.op), c.label));
     std::vector<Tensor> a, b;
-    REQUIRE_NOTHROW(a = run(c, DType::f64));
-    REQUIRE_NOTHROW(b = run(c, DType::f32));
-    REQUIRE(a.size() == b.size());
+    CHECK_NOTHROW(a = run(c, DType::f64));
+    CHECK_NOTHROW(b = run(c, DType::f32));  // a throwing case is reported, and the others still run
+    if (a.empty() || a.size() != b.size()) {
+      CHECK(a.size() == b.size());
+      continue;
+    }
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO("value " << i << " (0: the output, then the gradients)");
       const auto x = a[i].to_vector(), y = b[i].to_vector();
       REQUIRE(x.size() == y.size());
-      double worst = 0;
-      int nan_apart = 0;
+      double scale = 0, worst = 0;
+      int apart = 0;  // NaN or inf in one run only, or infs of opposite signs
+      for (std::size_t k = 0; k < x.size(); ++k)
+        if (std::isfinite(x[k])) scale = std::max(scale, std::abs(x[k]));
       for (std::size_t k = 0; k < x.size(); ++k) {
-        if (std::isnan(x[k]) != std::isnan(y[k])) ++nan_apart;
-        else if (!std::isnan(x[k])) worst = std::max(worst, std::abs(x[k] - y[k]) / std::max(1.0, std::abs(x[k])));
+        if (!std::isfinite(x[k]) || !std::isfinite(y[k])) {
+          if (!(x[k] == y[k] || (std::isnan(x[k]) && std::isnan(y[k])))) ++apart;
+          continue;
+        }
+        worst = std::max(worst, std::abs(x[k] - y[k]));
       }
-      CHECK(nan_apart == 0);
-      CHECK(worst <= 1e-3);
+      CHECK(apart == 0);
+      CHECK(worst <= 1e-4 * std::max(scale, 1e-6));
     }
     ++compared;
   }

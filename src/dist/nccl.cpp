@@ -34,8 +34,10 @@ namespace {
 #define AD_CUDART_CHECK(call, op)                                                                               \
   do {                                                                                                          \
     cudaError_t e_ = (call);                                                                                    \
-    if (e_ != cudaSuccess)                                                                                      \
+    if (e_ != cudaSuccess) {                                                                                    \
+      (void)cudaGetLastError(); /* as check_call: not reported again by the next launch's check */              \
       throw Error(fmt::format("{}: {} failed ({}:{}): {}", op, #call, __FILE__, __LINE__, cudaGetErrorString(e_))); \
+    }                                                                                                           \
   } while (0)
 
 ncclComm_t comm_of(const Communicator::Impl& c) { return static_cast<ncclComm_t>(c.nccl); }

@@ -418,12 +418,14 @@ AD_CUDA_ONLY(void log_softmax_backward_cuda(const KernelArgs& k) {
   cuda_k::for_rows(k.out.dtype(), geom(rows_of(k[0].shape(), k.attrs.axis)), rows::Op::log_softmax_backward, {k[0].raw(), k[1].raw()}, k.out.raw());
 })
 // double backward of z = dy - e sum(dy), e = exp(y) along the axis (z = 0 on a row of y all -inf, where
-// e is all 0): d/d(dy) = g - sum(g e), 0 on such a row; d/dy = -g e sum(dy)
+// e is all 0): d/d(dy) = g - sum(g e), 0 on such a row (the kernel's test: every y == -inf, so a NaN keeps
+// a row live); d/dy = -g e sum(dy)
 void log_softmax_backward_bwd(BackwardArgs& a) {
   const Var &y = a.in[0], &dy = a.in[1], &g = a.dout;
   const Shape ax{a.attrs.axis};
   const Var e = exp(y);
-  if (a.needs[1]) a.grad[1] = where(greater(sum(e, ax, true), 0.0), sub(g, sum(mul(g, e), ax, true)), 0.0);
+  const Var live = sum(not_equal(y, -std::numeric_limits<double>::infinity()), ax, true);  // 0: a dead row
+  if (a.needs[1]) a.grad[1] = where(live, sub(g, sum(mul(g, e), ax, true)), 0.0);
   if (a.needs[0]) a.grad[0] = neg(mul(mul(g, e), sum(dy, ax, true)));
 }
 const OpDef op_def_log_softmax_backward{.name = "log_softmax_backward", .args = "y,dy", .arity = 2,
