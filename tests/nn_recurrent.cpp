@@ -21,6 +21,12 @@ using ad::Shape;
 using ad::Tensor;
 namespace nn = ad::nn;
 
+// One training step's backward of mean(layer(x).output) under a policy, in a fresh graph.
+template <class Layer> ad::Report step_under(Layer& layer, const Tensor& x, const ad::Policy& p) {
+  ad::Graph g;
+  return ad::backward(ad::mean(layer(g.input(x)).output), p);
+}
+
 // ---- the reference: plain loops over std::vector<double> ----
 struct RefLayer {
   std::vector<double> wih, whh, bih, bhh;  // [G H, in], [G H, H], [G H], [G H]; biases empty: none
@@ -620,10 +626,7 @@ TEST_CASE("budget plans any budget the layer's checkpoint marks meet") {
   o.checkpoint_every = 20;
   nn::LSTM lstm(4, 16, rng, o);
   const Tensor x = Tensor::randn({4, 400, 4}, rng);
-  auto run = [&](const ad::Policy& p) {
-    ad::Graph g;
-    return ad::backward(ad::mean(lstm(g.input(x)).output), p);
-  };
+  auto run = [&](const ad::Policy& p) { return step_under(lstm, x, p); };
   const ad::Report manual = run(ad::policy::manual());
   const ad::Report fit = run(ad::policy::budget(manual.predicted_peak_bytes));
   CHECK(fit.measured_peak_bytes <= manual.predicted_peak_bytes);
@@ -711,10 +714,7 @@ TEST_CASE("bidirectional layers with checkpoint marks: manual keeps what the lay
     o.checkpoint_every = 10;
     nn::GRU gru(8, 16, rng, o);
     const Tensor x = Tensor::randn({4, 100, 8}, rng);
-    auto run = [&](const ad::Policy& p) {
-      ad::Graph g;
-      return ad::backward(ad::mean(gru(g.input(x)).output), p);
-    };
+    auto run = [&](const ad::Policy& p) { return step_under(gru, x, p); };
     const ad::Report all = run(ad::policy::keep_all()), manual = run(ad::policy::manual());
     CHECK(manual.measured_peak_bytes == manual.predicted_peak_bytes);
     CHECK(manual.measured_peak_bytes < all.measured_peak_bytes / 2);
